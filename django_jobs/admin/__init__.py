@@ -1,0 +1,39 @@
+"""Read-only admin for jobs, workers and queues (dashboards and actions arrive with the admin issue)."""
+
+from django.contrib import admin
+
+from ..models import Job, QueueState, Worker
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "task_path", "queue", "state", "priority", "attempts", "max_attempts", "enqueued_at", "finished_at")
+    list_filter = ("state", "queue")
+    search_fields = ("id", "task_path")
+    date_hierarchy = "enqueued_at"
+    ordering = ("-enqueued_at",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("id", "hostname", "pid", "concurrency", "started_at", "heartbeat_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(QueueState)
+class QueueStateAdmin(admin.ModelAdmin):
+    list_display = ("name", "paused", "concurrency_limit", "rate_limit", "max_size")

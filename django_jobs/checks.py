@@ -1,0 +1,123 @@
+"""System checks. Ids are stable; each is listed in docs/reference/checks.md.
+
+E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPTIONS
+E003 DATABASE alias unknown or vendor unsupported E004 database too old
+E005 SQLite with more than one worker process     W001 invalid name in QUEUES
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+
+from .db import MIN_POSTGRESQL, MIN_SQLITE, sqlite_version
+
+SUPPORTED_ENGINES = ("postgresql", "sqlite3")
+
+
+def check_backend(backend: Any) -> list[checks.CheckMessage]:
+    """Checks for one JobsBackend (called through Django's tasks check)."""
+    from .backend import QUEUE_NAME_RE
+    from .conf import get_settings
+    from .exceptions import JobsConfigurationError
+
+    errors: list[checks.CheckMessage] = []
+    where = f"TASKS[{backend.alias!r}]"
+    if not apps.is_installed("django_jobs"):
+        errors.append(
+            checks.Error(
+                f"{where} uses django_jobs.backend.JobsBackend but 'django_jobs' is not in INSTALLED_APPS.",
+                hint="Add 'django_jobs' to INSTALLED_APPS and run `manage.py migrate`.",
+                id="django_jobs.E001",
+            )
+        )
+    try:
+        conf = get_settings(backend.alias)
+    except (JobsConfigurationError, TypeError) as exc:
+        errors.append(checks.Error(f"{where}: {exc}", hint="See docs/reference/settings.md.", id="django_jobs.E002"))
+        return errors
+    for problem in conf.validate():
+        errors.append(
+            checks.Error(f"{where}: {problem}", hint="See docs/reference/settings.md.", id="django_jobs.E002")
+        )
+    if conf.DATABASE not in settings.DATABASES:
+        errors.append(
+            checks.Error(
+                f"{where}: DATABASE {conf.DATABASE!r} is not in DATABASES.",
+                hint=f"Use one of {sorted(settings.DATABASES)} in OPTIONS['DATABASE'] or DJANGO_JOBS['DATABASE'].",
+                id="django_jobs.E003",
+            )
+        )
+    else:
+        engine = settings.DATABASES[conf.DATABASE].get("ENGINE", "")
+        if not any(engine.endswith(f".{v}") for v in SUPPORTED_ENGINES):
+            errors.append(
+                checks.Error(
+                    f"{where}: database {conf.DATABASE!r} uses {engine!r}, which django-jobs does not support.",
+                    hint="Use PostgreSQL (production) or SQLite (development).",
+                    id="django_jobs.E003",
+                )
+            )
+    for name in sorted(backend.queues):
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            errors.append(
+                checks.Warning(
+                    f"{where}: queue name {name!r} in QUEUES is not valid; tasks cannot use it.",
+                    hint="Queue names are 1-100 characters of letters, digits, '_', '-', '.' and ':'.",
+                    id="django_jobs.W001",
+                )
+            )
+    return errors
+
+
+@checks.register(checks.Tags.database)
+def check_database_version(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E004: the jobs database is too old for the SQL the engine uses (runs with --database)."""
+    from django.db import connections
+
+    from .db import jobs_database_aliases
+
+    errors: list[checks.CheckMessage] = []
+    for alias in sorted(jobs_database_aliases() & set(databases or ())):
+        if alias not in connections:
+            continue
+        conn = connections[alias]
+        if conn.vendor == "postgresql":
+            conn.ensure_connection()
+            major = conn.pg_version // 10000
+            if major < MIN_POSTGRESQL:
+                errors.append(
+                    checks.Error(
+                        f"Database {alias!r} is PostgreSQL {major}; django-jobs needs {MIN_POSTGRESQL} or newer.",
+                        hint="Upgrade PostgreSQL.",
+                        id="django_jobs.E004",
+                    )
+                )
+        elif conn.vendor == "sqlite" and sqlite_version() < MIN_SQLITE:
+            errors.append(
+                checks.Error(
+                    f"SQLite {'.'.join(map(str, sqlite_version()))} is too old; django-jobs needs "
+                    f"{'.'.join(map(str, MIN_SQLITE))} or newer (UPDATE ... RETURNING).",
+                    hint="Use a Python built against a newer SQLite, or PostgreSQL.",
+                    id="django_jobs.E004",
+                )
+            )
+    return errors
+
+
+def check_worker_processes(alias: str, processes: int) -> list[checks.CheckMessage]:
+    """E005: SQLite serialises writers on one file; several worker processes only contend."""
+    from django.db import connections
+
+    if processes > 1 and connections[alias].vendor == "sqlite":
+        return [
+            checks.Error(
+                f"runworker --processes {processes} on SQLite database {alias!r}.",
+                hint="Run one process with more threads (-p 1 -c 8), or use PostgreSQL for several processes.",
+                id="django_jobs.E005",
+            )
+        ]
+    return []

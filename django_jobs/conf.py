@@ -1,0 +1,116 @@
+"""One settings object for django-jobs.
+
+Values come from, in increasing precedence: the defaults below, the ``DJANGO_JOBS`` setting,
+and the ``OPTIONS`` of the backend in ``TASKS``. Read them through :func:`get_settings`; the
+cache is dropped on ``setting_changed`` so ``override_settings`` works in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import JobsConfigurationError
+
+
+@dataclass(frozen=True)
+class JobsSettings:
+    """Documented in docs/reference/settings.md; keep the two in step."""
+
+    #: Database alias the job tables live in.
+    DATABASE: str = "default"
+    #: Default ``max_attempts`` for tasks that do not set one.
+    MAX_ATTEMPTS: int = 1
+    #: Default backoff: seconds, a list of seconds per attempt, or "exponential".
+    BACKOFF: Any = "exponential"
+    #: "exponential" backoff: base delay in seconds and the cap (full jitter up to the cap).
+    BACKOFF_BASE: float = 1.0
+    BACKOFF_CAP: float = 3600.0
+    #: Seconds a claimed job's lease lasts; workers renew it every third of this.
+    LEASE_SECONDS: float = 30.0
+    #: A job whose lease expired more than this many times is failed instead of re-queued.
+    MAX_STALLED: int = 1
+    #: Largest JSON payload (args + kwargs, UTF-8 bytes) accepted by enqueue.
+    MAX_PAYLOAD_BYTES: int = 1024 * 1024
+    #: Idle poll interval of workers (seconds, jittered); NOTIFY wakes them sooner on PostgreSQL.
+    POLL_INTERVAL: float = 1.0
+    #: How often the promoter moves due delayed jobs to waiting (seconds).
+    PROMOTE_INTERVAL: float = 0.5
+    #: How often the leader looks for expired leases and dead workers (seconds).
+    RESCUE_INTERVAL: float = 5.0
+    #: Rows per promoter/rescuer batch.
+    SERVICE_BATCH_SIZE: int = 1000
+    #: LISTEN/NOTIFY channel (PostgreSQL).
+    NOTIFY_CHANNEL: str = "django_jobs"
+    #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
+    SQLITE_WAL: bool = True
+    SQLITE_BUSY_TIMEOUT_MS: int = 30_000
+
+    def validate(self) -> list[str]:
+        """Return a list of human-readable problems (empty when valid)."""
+        problems = []
+        if not isinstance(self.MAX_ATTEMPTS, int) or self.MAX_ATTEMPTS < 1:
+            problems.append("MAX_ATTEMPTS must be an integer >= 1.")
+        if not _positive(self.LEASE_SECONDS) or self.LEASE_SECONDS < 1:
+            problems.append("LEASE_SECONDS must be a number >= 1.")
+        if not isinstance(self.MAX_STALLED, int) or self.MAX_STALLED < 0:
+            problems.append("MAX_STALLED must be an integer >= 0.")
+        if not isinstance(self.MAX_PAYLOAD_BYTES, int) or self.MAX_PAYLOAD_BYTES < 1:
+            problems.append("MAX_PAYLOAD_BYTES must be a positive integer.")
+        for name in ("POLL_INTERVAL", "PROMOTE_INTERVAL", "RESCUE_INTERVAL", "BACKOFF_BASE", "BACKOFF_CAP"):
+            if not _positive(getattr(self, name)):
+                problems.append(f"{name} must be a positive number of seconds.")
+        if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:
+            problems.append("SERVICE_BATCH_SIZE must be a positive integer.")
+        from .backoff import validate_backoff
+
+        try:
+            validate_backoff(self.BACKOFF)
+        except ValueError as exc:
+            problems.append(f"BACKOFF: {exc}")
+        return problems
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+SETTING_NAMES = frozenset(f.name for f in fields(JobsSettings))
+
+
+@functools.cache
+def _global_settings() -> JobsSettings:
+    user = getattr(django_settings, "DJANGO_JOBS", {}) or {}
+    if not isinstance(user, dict):
+        raise JobsConfigurationError("DJANGO_JOBS must be a dict of settings.")
+    unknown = set(user) - SETTING_NAMES
+    if unknown:
+        raise JobsConfigurationError(
+            f"Unknown DJANGO_JOBS setting(s) {sorted(unknown)}; allowed: {sorted(SETTING_NAMES)}."
+        )
+    return JobsSettings(**user)
+
+
+@functools.cache
+def _backend_settings(alias: str) -> JobsSettings:
+    base = _global_settings()
+    params = getattr(django_settings, "TASKS", {}).get(alias, {})
+    options = {k: v for k, v in (params.get("OPTIONS") or {}).items() if k in SETTING_NAMES}
+    return replace(base, **options) if options else base
+
+
+def get_settings(alias: str | None = None) -> JobsSettings:
+    """The effective settings: for a backend alias (with its OPTIONS), or the global ones."""
+    return _backend_settings(alias) if alias else _global_settings()
+
+
+@receiver(setting_changed)
+def _reset(setting: str, **kwargs: Any) -> None:
+    if setting in {"DJANGO_JOBS", "TASKS", "DATABASES"}:
+        _global_settings.cache_clear()
+        _backend_settings.cache_clear()

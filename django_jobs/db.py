@@ -1,0 +1,155 @@
+"""Vendor differences in one small place: SQL fragments, parameter adaptation, row decoding,
+SQLite set-up, and which database errors are transient."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
+
+logger = logging.getLogger("django_jobs.db")
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+MIN_POSTGRESQL = 13  # gen_random_uuid() in core
+MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
+
+#: Errors worth retrying: the connection dropped, or the database was briefly busy.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+
+def vendor(using: str) -> str:
+    return connections[using].vendor
+
+
+def jobs_database_aliases() -> set[str]:
+    from .conf import get_settings
+
+    aliases = {get_settings().DATABASE}
+    for alias, params in getattr(settings, "TASKS", {}).items():
+        if str(params.get("BACKEND", "")).startswith("django_jobs."):
+            aliases.add(get_settings(alias).DATABASE)
+    return aliases
+
+
+@receiver(connection_created)
+def _configure_sqlite(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """SQLite: WAL lets readers run beside the one writer; the busy timeout makes a writer wait
+    for the lock instead of failing with "database is locked"."""
+    if connection.vendor != "sqlite":
+        return
+    from .conf import get_settings
+
+    try:
+        if connection.alias not in jobs_database_aliases():
+            return
+        conf = get_settings()
+    except Exception:  # a misconfiguration is reported by the system checks, not here
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(conf.SQLITE_BUSY_TIMEOUT_MS)}")
+        if conf.SQLITE_WAL and not connection.is_in_memory_db():
+            cursor.execute("PRAGMA journal_mode = WAL")
+
+
+def sqlite_version() -> tuple[int, ...]:
+    return sqlite3.sqlite_version_info
+
+
+# -- parameter adaptation and row decoding -------------------------------------------------
+
+
+class Dialect:
+    """How one vendor spells the few things the engine's raw SQL needs."""
+
+    def __init__(self, using: str):
+        self.using = using
+        self.connection = connections[using]
+        self.vendor = self.connection.vendor
+        self.pg = self.vendor == "postgresql"
+
+    # Values sent to the database.
+    def uuid(self, value: uuid.UUID | None) -> Any:
+        if value is None:
+            return None
+        return value if self.pg else value.hex
+
+    def dt(self, value: datetime | None) -> Any:
+        if value is None or self.pg:
+            return value
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    def now(self, value: datetime | None) -> tuple[str, list[Any]]:
+        """SQL for "now": the database clock on PostgreSQL unless a time is given (tests)."""
+        if self.pg:
+            return "COALESCE(%s::timestamptz, now())", [value]
+        from django.utils import timezone
+
+        return "%s", [self.dt(value or timezone.now())]
+
+    def now_plus(self, value: datetime | None, seconds: float) -> tuple[str, list[Any]]:
+        """SQL for "now + seconds" (a lease expiry), on the same clock as :meth:`now`."""
+        if self.pg:
+            return "(COALESCE(%s::timestamptz, now()) + make_interval(secs => %s))", [value, seconds]
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        return "%s", [self.dt((value or timezone.now()) + timedelta(seconds=seconds))]
+
+    def in_list(self, column: str, values: list[Any]) -> tuple[str, list[Any]]:
+        if self.pg:
+            return f"{column} = ANY(%s)", [list(values)]
+        return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+
+    def new_token(self) -> str:
+        return "gen_random_uuid()" if self.pg else "lower(hex(randomblob(16)))"
+
+    def json_append(self, column: str, value_sql: str) -> str:
+        """``column`` (a JSON array) with one JSON value appended."""
+        if self.pg:
+            return f"({column} || jsonb_build_array({value_sql}))"
+        return f"json_insert({column}, '$[#]', json({value_sql}))"
+
+    def json_append_text(self, column: str, value_sql: str) -> str:
+        if self.pg:
+            return f"({column} || jsonb_build_array({value_sql}::text))"
+        return f"json_insert({column}, '$[#]', {value_sql})"
+
+    def json_pop(self, column: str) -> str:
+        if self.pg:
+            return f"({column} - (jsonb_array_length({column}) - 1))"
+        return f"json_remove({column}, '$[#-1]')"
+
+    def cast(self, sql: str, pg_type: str) -> str:
+        return f"{sql}::{pg_type}" if self.pg else sql
+
+    def skip_locked(self) -> str:
+        # SQLite has no row locks: a single UPDATE statement holds the database write lock.
+        return "FOR UPDATE SKIP LOCKED" if self.pg else ""
+
+    # Values read back from raw SQL.
+    @staticmethod
+    def to_uuid(value: Any) -> uuid.UUID | None:
+        if value is None or isinstance(value, uuid.UUID):
+            return value
+        return uuid.UUID(value)
+
+    @staticmethod
+    def to_json(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+    def to_dt(self, value: Any) -> datetime | None:
+        if value is None or isinstance(value, datetime):
+            return value
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None and settings.USE_TZ:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed

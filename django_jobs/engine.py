@@ -1,0 +1,478 @@
+"""The only writer of job state.
+
+Every transition lives here: insert, claim, record outcomes (complete / retry / fail), release,
+renew leases, promote, rescue, and the worker-table bookkeeping. Admin actions, the worker, the
+backend and the CLI call these functions; nothing else updates a job row.
+
+Rules every function follows:
+
+* Each state change is guarded on the state it expects (and, for active jobs, on the lease
+  token). Zero rows updated means another actor won a race: we log it and move on.
+* Time is a parameter: ``now=None`` means the database clock on PostgreSQL (leases must not
+  depend on the clocks of many worker hosts) and this process's clock on SQLite (one host).
+* The hot paths (claim, record outcomes) are single statements written in SQL, because they
+  run thousands of times a second and one round trip beats three; the vendor spellings come
+  from :class:`django_jobs.db.Dialect`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from .db import Dialect
+from .models import Job, Worker
+from .states import JobState
+
+logger = logging.getLogger("django_jobs.engine")
+
+JOB_TABLE = Job._meta.db_table
+
+# Columns returned by a claim, in order; ClaimedJob mirrors them.
+_CLAIM_COLUMNS = (
+    "id",
+    "backend",
+    "queue",
+    "task_path",
+    "args",
+    "kwargs",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "options",
+    "lease_token",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
+    "available_at",
+    "errors",
+    "worker_ids",
+)
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """An active job as the worker sees it, straight from the claim statement."""
+
+    id: uuid.UUID
+    backend: str
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    options: dict[str, Any]
+    lease_token: uuid.UUID
+    enqueued_at: datetime
+    started_at: datetime
+    last_attempted_at: datetime
+    available_at: datetime
+    errors: list[dict[str, Any]]
+    worker_ids: list[str]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt of a job came to; :func:`record_outcomes` writes a batch of them.
+
+    ``state`` is the state the job moves to: ``completed``, ``failed``, ``waiting`` (retry now)
+    or ``delayed`` (retry at ``available_at``).
+    """
+
+    job_id: uuid.UUID
+    lease_token: uuid.UUID
+    state: str
+    return_value_json: str | None = None
+    error: dict[str, Any] | None = None
+    available_at: datetime | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- enqueue --------------------------------------------------------------------------------
+
+
+def insert_job(
+    *,
+    using: str,
+    backend: str,
+    task_path: str,
+    queue: str,
+    priority: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    max_attempts: int,
+    options: dict[str, Any],
+    run_after: datetime | None = None,
+    now: datetime | None = None,
+) -> Job:
+    """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``)."""
+    now = now or timezone.now()
+    delayed = run_after is not None and run_after > now
+    job = Job(
+        backend=backend,
+        queue=queue,
+        task_path=task_path,
+        priority=priority,
+        args=args,
+        kwargs=kwargs,
+        max_attempts=max_attempts,
+        options=options,
+        state=JobState.DELAYED if delayed else JobState.WAITING,
+        available_at=run_after if delayed else now,
+        enqueued_at=now,
+    )
+    job.save(using=using, force_insert=True)
+    if not delayed:
+        notify(using, [queue])
+    return job
+
+
+def notify(using: str, queues: list[str]) -> None:
+    """Wake listening workers (PostgreSQL). Inside a transaction the notification is delivered
+    on commit, and PostgreSQL folds identical notifications of one transaction into one; we
+    also send each queue at most once per transaction to save the round trips."""
+    conn = connections[using]
+    if conn.vendor != "postgresql" or not queues:
+        return
+    from .conf import get_settings
+
+    channel = get_settings().NOTIFY_CHANNEL
+    if conn.in_atomic_block:
+        sent = _sent_in_transaction(conn)
+        queues = [q for q in queues if q not in sent]
+        if not queues:
+            return
+        sent.update(queues)
+    with conn.cursor() as cursor:
+        for queue in sorted(set(queues)):
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+
+
+def _sent_in_transaction(conn: Any) -> set[str]:
+    """The set of queues already notified in the current outermost transaction."""
+    marker = getattr(conn, "_django_jobs_notified", None)
+    # The transaction is identified by the on_commit list object's first callback we register.
+    if marker is None or not any(func is marker[1] for _, func, _ in conn.run_on_commit):
+        sent: set[str] = set()
+
+        def forget() -> None:
+            conn._django_jobs_notified = None
+
+        marker = (sent, forget)
+        conn._django_jobs_notified = marker
+        transaction.on_commit(forget, using=conn.alias)
+    return marker[0]
+
+
+# -- claim ----------------------------------------------------------------------------------
+
+
+def claim_jobs(
+    *,
+    using: str,
+    queues: list[str] | None,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``.
+
+    One statement: select the ready ids in claim order, locking only those rows and skipping
+    rows another worker holds (``FOR UPDATE SKIP LOCKED``; on SQLite the statement holds the
+    database write lock instead), and mark them active with a fresh lease token and an expiry
+    of database time + ``lease_seconds``. It commits before any user code runs.
+    """
+    if limit <= 0:
+        return []
+    d = Dialect(using)
+    now_sql, now_params = d.now(now)
+    lease_sql, lease_params = d.now_plus(now, lease_seconds)
+    where = ["state = 'waiting'"]
+    where_params: list[Any] = []
+    if queues:
+        sql, params = d.in_list("queue", queues)
+        where.append(sql)
+        where_params += params
+    # The ORDER BY matches django_jobs_ready_idx so the database walks the index in order.
+    select_ids = (
+        f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(where)} "
+        f"ORDER BY priority DESC, available_at, id LIMIT %s {d.skip_locked()}"
+    )
+    returning = ", ".join(_CLAIM_COLUMNS)
+    sql = (
+        f"UPDATE {JOB_TABLE} SET state = 'active', attempts = attempts + 1, "
+        f"lease_token = {d.new_token()}, lease_expires_at = {lease_sql}, worker_id = %s, "
+        f"worker_ids = {d.json_append_text('worker_ids', '%s')}, "
+        f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
+        f"WHERE id IN ({select_ids}) AND state = 'waiting' RETURNING {returning}"
+    )
+    params = [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    jobs = [_claimed(d, row) for row in rows]
+    # RETURNING has no order: restore claim order so higher priorities start first.
+    jobs.sort(key=lambda j: (-j.priority, j.available_at, j.id))
+    return jobs
+
+
+def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
+    (jid, backend, queue, path, args, kwargs, prio, attempts, max_attempts, options, token,
+     enq, started, last, avail, errors, worker_ids) = row  # fmt: skip
+    return ClaimedJob(
+        id=d.to_uuid(jid),
+        backend=backend,
+        queue=queue,
+        task_path=path,
+        args=d.to_json(args),
+        kwargs=d.to_json(kwargs),
+        priority=prio,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        options=d.to_json(options),
+        lease_token=d.to_uuid(token),
+        enqueued_at=d.to_dt(enq),
+        started_at=d.to_dt(started),
+        last_attempted_at=d.to_dt(last),
+        available_at=d.to_dt(avail),
+        errors=d.to_json(errors),
+        worker_ids=d.to_json(worker_ids),
+    )
+
+
+# -- outcomes -------------------------------------------------------------------------------
+
+_OUTCOME_STATES = {JobState.COMPLETED, JobState.FAILED, JobState.WAITING, JobState.DELAYED}
+
+
+def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None = None) -> set[uuid.UUID]:
+    """Write a batch of attempt outcomes in one statement; return the ids that were written.
+
+    Each row is guarded on (id, ``active``, lease token): an outcome whose job was rescued,
+    cancelled or released meanwhile matches nothing, is logged and dropped.
+    """
+    if not outcomes:
+        return set()
+    for o in outcomes:
+        if o.state not in _OUTCOME_STATES:
+            raise ValueError(f"not an outcome state: {o.state!r}")
+    d = Dialect(using)
+    now_sql, now_params = d.now(now)
+    row_sql = "({}, {}, {}, {}, {}, {})".format(
+        d.cast("%s", "uuid"),
+        d.cast("%s", "uuid"),
+        d.cast("%s", "text"),
+        d.cast("%s", "jsonb"),
+        d.cast("%s", "jsonb"),
+        d.cast("%s", "timestamptz"),
+    )
+    values: list[Any] = []
+    for o in outcomes:
+        values += [
+            d.uuid(o.job_id),
+            d.uuid(o.lease_token),
+            str(o.state),
+            o.return_value_json,
+            json.dumps(o.error) if o.error is not None else None,
+            d.dt(o.available_at),
+        ]
+    t = JOB_TABLE
+    sql = (
+        f"WITH v(id, token, state, rv, err, avail) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
+        f"UPDATE {t} SET state = v.state, return_value = v.rv, "
+        f"errors = CASE WHEN v.err IS NULL THEN {t}.errors ELSE {d.json_append(t + '.errors', 'v.err')} END, "
+        f"available_at = COALESCE(v.avail, {t}.available_at), "
+        f"finished_at = CASE WHEN v.state IN ('completed', 'failed') THEN {now_sql} ELSE NULL END, "
+        f"lease_token = NULL, lease_expires_at = NULL "
+        f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
+        f"RETURNING {t}.id, {t}.queue, {t}.state"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*values, *now_params])
+        rows = cursor.fetchall()
+    written = {d.to_uuid(r[0]) for r in rows}
+    for o in outcomes:
+        if o.job_id not in written:
+            logger.warning(
+                "Dropped the %s outcome of job %s: it is no longer active under this lease "
+                "(rescued, cancelled or released meanwhile).",
+                o.state,
+                o.job_id,
+            )
+    requeued = sorted({r[1] for r in rows if r[2] == JobState.WAITING})
+    if requeued:
+        notify(using, requeued)
+    return written
+
+
+def release_jobs(
+    *, using: str, worker_id: str, job_ids: list[uuid.UUID] | None = None, now: datetime | None = None
+) -> int:
+    """Return this worker's active jobs to ``waiting`` without counting the attempt (shutdown).
+
+    The attempt and its worker id are taken back, so the next worker runs it as the same attempt.
+    """
+    d = Dialect(using)
+    where = ["state = 'active'", "worker_id = %s"]
+    params: list[Any] = [worker_id]
+    if job_ids is not None:
+        if not job_ids:
+            return 0
+        sql, p = d.in_list("id", [d.uuid(j) for j in job_ids])
+        where.append(sql)
+        params += p
+    sql = (
+        f"UPDATE {JOB_TABLE} SET state = 'waiting', attempts = attempts - 1, "
+        f"worker_ids = {d.json_pop('worker_ids')}, "
+        f"started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
+        f"lease_token = NULL, lease_expires_at = NULL "
+        f"WHERE {' AND '.join(where)} RETURNING queue"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    notify(using, sorted({r[0] for r in rows}))
+    return len(rows)
+
+
+def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datetime | None = None) -> int:
+    """Extend the lease of every job this worker holds; return how many."""
+    d = Dialect(using)
+    lease_sql, lease_params = d.now_plus(now, lease_seconds)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET lease_expires_at = {lease_sql} "
+            f"WHERE state = 'active' AND worker_id = %s",
+            [*lease_params, worker_id],
+        )
+        return cursor.rowcount
+
+
+# -- services -------------------------------------------------------------------------------
+
+
+def promote_due_jobs(*, using: str, limit: int, now: datetime | None = None) -> int:
+    """Move up to ``limit`` delayed jobs whose time has come to ``waiting``; return how many."""
+    d = Dialect(using)
+    now_sql, now_params = d.now(now)
+    sql = (
+        f"UPDATE {JOB_TABLE} SET state = 'waiting' WHERE id IN ("
+        f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql} "
+        f"ORDER BY available_at LIMIT %s {d.skip_locked()}) AND state = 'delayed' RETURNING queue"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*now_params, limit])
+        rows = cursor.fetchall()
+    notify(using, sorted({r[0] for r in rows}))
+    return len(rows)
+
+
+def rescue_stalled_jobs(
+    *, using: str, max_stalled: int, limit: int, now: datetime | None = None
+) -> tuple[int, int]:
+    """Handle active jobs whose lease expired (their worker died or hung).
+
+    A job that stalled at most ``max_stalled`` times goes back to ``waiting`` (the interrupted
+    attempt is not counted; ``stalled_count`` is); one that stalled more is ``failed`` with a
+    ``JobStalled`` error. Returns ``(requeued, failed)``.
+    """
+    d = Dialect(using)
+    now_sql, now_params = d.now(now)
+    error = {
+        "exception_class_path": "django_jobs.exceptions.JobStalled",
+        "traceback": (
+            "django_jobs.exceptions.JobStalled: the job's worker stopped renewing its lease "
+            f"more than MAX_STALLED={max_stalled} time(s); it crashed, was killed, or blocked "
+            "the process for longer than LEASE_SECONDS.\n"
+        ),
+    }
+    fail = f"(stalled_count + 1 > {int(max_stalled)})"
+    sql = (
+        f"UPDATE {JOB_TABLE} SET stalled_count = stalled_count + 1, "
+        f"state = CASE WHEN {fail} THEN 'failed' ELSE 'waiting' END, "
+        f"attempts = CASE WHEN {fail} THEN attempts ELSE attempts - 1 END, "
+        f"errors = CASE WHEN {fail} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} ELSE errors END, "
+        f"finished_at = CASE WHEN {fail} THEN {now_sql} ELSE NULL END, "
+        f"lease_token = NULL, lease_expires_at = NULL "
+        f"WHERE id IN (SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql} "
+        f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}) "
+        f"AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, state"
+    )
+    params = [json.dumps(error), *now_params, *now_params, limit, *now_params]
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    requeued = [r for r in rows if r[2] == JobState.WAITING]
+    for r in rows:
+        logger.warning("Rescued stalled job %s (lease expired): now %s.", d.to_uuid(r[0]), r[2])
+    notify(using, sorted({r[1] for r in requeued}))
+    return len(requeued), len(rows) - len(requeued)
+
+
+def fail_job_now(
+    *, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, error: dict[str, Any], now: datetime | None = None
+) -> bool:
+    """Fail an active job for good (e.g. its task path no longer resolves)."""
+    written = record_outcomes(
+        [Outcome(job_id=job_id, lease_token=lease_token, state=JobState.FAILED, error=error)], using=using, now=now
+    )
+    return job_id in written
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+def register_worker(
+    *, using: str, worker_id: str, backend: str, queues: list[str] | None, concurrency: int, pid: int
+) -> None:
+    now = timezone.now()
+    Worker.objects.using(using).update_or_create(
+        id=worker_id,
+        defaults={
+            "backend": backend,
+            "hostname": socket.gethostname()[:255],
+            "pid": pid,
+            "queues": queues or ["*"],
+            "concurrency": concurrency,
+            "started_at": now,
+            "heartbeat_at": now,
+        },
+    )
+
+
+def heartbeat_worker(*, using: str, worker_id: str, now: datetime | None = None) -> bool:
+    """Record that the worker is alive; False when its row was removed (it looked dead)."""
+    return Worker.objects.using(using).filter(id=worker_id).update(heartbeat_at=now or timezone.now()) == 1
+
+
+def unregister_worker(*, using: str, worker_id: str) -> None:
+    Worker.objects.using(using).filter(id=worker_id).delete()
+
+
+def remove_dead_workers(*, using: str, older_than: timedelta, now: datetime | None = None) -> int:
+    cutoff = (now or timezone.now()) - older_than
+    deleted, _ = Worker.objects.using(using).filter(heartbeat_at__lt=cutoff).delete()
+    return deleted
+
+
+def leader_id(*, using: str, backend: str, alive_within: timedelta, now: datetime | None = None) -> str | None:
+    """The oldest live worker of ``backend`` leads the leader-only services."""
+    cutoff = (now or timezone.now()) - alive_within
+    return (
+        Worker.objects.using(using)
+        .filter(backend=backend, heartbeat_at__gte=cutoff)
+        .order_by("started_at", "id")
+        .values_list("id", flat=True)
+        .first()
+    )

@@ -1,0 +1,107 @@
+"""``manage.py runworker``: parse options, then ``Worker(...).run()``. No logic lives here."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...checks import check_worker_processes
+from ...exceptions import JobsError
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CommandError(f"--{name} must be a number of seconds; got {raw!r}.") from None
+    if value <= 0 and name != "grace":
+        raise CommandError(f"--{name} must be > 0 seconds; got {raw!r}.")
+    if value < 0:
+        raise CommandError(f"--{name} must be >= 0 seconds; got {raw!r}.")
+    return value
+
+
+def _int(name: str, raw: str, low: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise CommandError(f"--{name} must be a whole number >= {low}; got {raw!r}.") from None
+    if value < low:
+        raise CommandError(f"--{name} must be a whole number >= {low}; got {raw!r}.")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run django-jobs workers: claim jobs from the database and run them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("-q", "--queue", action="append", dest="queues", metavar="QUEUE[,QUEUE]",
+                            help="Queues to work (comma-separated or repeated; '*' for all). Default: all.")
+        parser.add_argument("-c", "--concurrency", default="1", help="Jobs at once per process (threads). Default 1.")
+        parser.add_argument("-p", "--processes", default="1", help="Worker processes (a supervisor forks them). Default 1.")
+        parser.add_argument("--stop-when-empty", action="store_true",
+                            help="Exit once no waiting, delayed or active job is left in the queues.")
+        parser.add_argument("--max-jobs", default=None, help="Exit after this many jobs (per process).")
+        parser.add_argument("--max-time", default=None, help="Exit after this many seconds.")
+        parser.add_argument("--sleep", default=None, help="Idle poll interval in seconds (jittered). Default POLL_INTERVAL.")
+        parser.add_argument("--grace", default="30", help="Seconds running jobs get to finish on shutdown. Default 30.")
+        parser.add_argument("--worker-id", default=None, help="Worker id (default host-pid-random).")
+        parser.add_argument("--backend", default="default", help="Alias in TASKS. Default 'default'.")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        from ...worker import Worker
+
+        queues: list[str] | None = None
+        if opts["queues"]:
+            queues = [q.strip() for raw in opts["queues"] for q in raw.split(",") if q.strip()]
+            if not queues:
+                raise CommandError("--queue needs at least one queue name (or '*').")
+        concurrency = _int("concurrency", opts["concurrency"], 1)
+        processes = _int("processes", opts["processes"], 1)
+        max_jobs = _int("max-jobs", opts["max_jobs"], 1) if opts["max_jobs"] is not None else None
+        max_time = _positive_float("max-time", opts["max_time"]) if opts["max_time"] is not None else None
+        sleep = _positive_float("sleep", opts["sleep"]) if opts["sleep"] is not None else None
+        grace = _positive_float("grace", opts["grace"])
+        if opts["worker_id"] and processes > 1:
+            raise CommandError("--worker-id names one process; leave it out with --processes > 1.")
+        self._configure_logging(opts["verbosity"])
+
+        def make(worker_id: str | None = None, handle_signals: bool = True) -> Worker:
+            try:
+                return Worker(queues=queues, concurrency=concurrency, backend=opts["backend"],
+                              stop_when_empty=opts["stop_when_empty"], max_jobs=max_jobs, max_time=max_time,
+                              sleep=sleep, grace=grace, worker_id=worker_id, handle_signals=handle_signals)
+            except JobsError as exc:
+                raise CommandError(str(exc)) from None
+
+        worker = make(opts["worker_id"])  # validates every option before anything forks
+        problems = check_worker_processes(worker.using, processes)
+        if problems:
+            p = problems[0]
+            raise CommandError(f"{p.id}: {p.msg} {p.hint}")
+        if processes == 1:
+            stats = worker.run()
+            self.stdout.write(stats.summary())
+            return
+        from ...worker.supervisor import supervise
+
+        def run_child(index: int) -> int:
+            stats = make(None).run()
+            self.stdout.write(f"[process {index}] {stats.summary()}")
+            return 0
+
+        code = supervise(processes, run_child)
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("django_jobs")
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(self.stderr._out)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)
+        logger.setLevel(logging.WARNING if verbosity < 1 else logging.INFO if verbosity < 3 else logging.DEBUG)
+        logging.getLogger("django_jobs.worker.jobs").setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)

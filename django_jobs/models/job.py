@@ -1,0 +1,129 @@
+"""The job table: one row per job, its state in one column (seed schema ``003``, table ``job``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.db.models import Count, Q
+
+from ..states import FINISHED_STATES, JobState
+from ..uuid7 import uuid7
+
+
+class JobQuerySet(models.QuerySet):
+    """The read vocabulary. Writes go through :mod:`django_jobs.engine` only."""
+
+    def ready(self, queues: list[str] | None = None) -> JobQuerySet:
+        """Waiting jobs in claim order (priority first, then availability, then id)."""
+        qs = self.filter(state=JobState.WAITING)
+        if queues:
+            qs = qs.filter(queue__in=queues)
+        return qs.order_by("-priority", "available_at", "id")
+
+    def due(self, now: datetime) -> JobQuerySet:
+        """Delayed jobs whose time has come."""
+        return self.filter(state=JobState.DELAYED, available_at__lte=now)
+
+    def stalled(self, now: datetime) -> JobQuerySet:
+        """Active jobs whose lease expired: their worker died or hangs."""
+        return self.filter(state=JobState.ACTIVE, lease_expires_at__lt=now)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(state__in=FINISHED_STATES)
+
+    def stats_by_queue(self) -> dict[str, dict[str, int]]:
+        """``{queue: {state: count}}`` over the whole table."""
+        out: dict[str, dict[str, int]] = {}
+        for row in self.values("queue", "state").annotate(n=Count("id")).order_by():
+            out.setdefault(row["queue"], {})[row["state"]] = row["n"]
+        return out
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    backend = models.CharField(max_length=100, default="default")
+    queue = models.CharField(max_length=100, default="default")
+    task_path = models.CharField(max_length=255)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.WAITING)
+    priority = models.SmallIntegerField(default=0)
+    #: When the job may run: enqueue time, ``run_after``, or the end of a retry's backoff.
+    available_at = models.DateTimeField()
+    #: Per-job options resolved at enqueue (backoff, and what later features add).
+    options = models.JSONField(default=dict, blank=True)
+
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+
+    # Lease: an active job belongs to ``worker_id`` until ``lease_expires_at``. Every outcome
+    # write is guarded on ``lease_token`` so a rescued job's late result is dropped.
+    lease_token = models.UUIDField(null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    worker_id = models.CharField(max_length=200, null=True, blank=True)
+    stalled_count = models.PositiveIntegerField(default=0)
+
+    progress = models.JSONField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    #: One ``{"exception_class_path", "traceback", "attempt", "at"}`` per failed attempt.
+    errors = models.JSONField(default=list, blank=True)
+    #: One worker id per attempt started.
+    worker_ids = models.JSONField(default=list, blank=True)
+
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    # Columns for the features that follow (dedup, flows, schedules, partitions, tracing).
+    dedup_key = models.CharField(max_length=255, null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    pending_children = models.PositiveIntegerField(default=0)
+    scheduler_key = models.CharField(max_length=255, null=True, blank=True)
+    partition_key = models.CharField(max_length=255, null=True, blank=True)
+    trace_id = models.CharField(max_length=64, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "django_jobs_job"
+        ordering = ("-enqueued_at",)
+        indexes = [
+            # The ready set in claim order. Only waiting rows, so it stays small.
+            models.Index(
+                fields=["queue", "-priority", "available_at", "id"],
+                name="django_jobs_ready_idx",
+                condition=Q(state="waiting"),
+            ),
+            # Delayed jobs by due time (the promoter).
+            models.Index(
+                fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")
+            ),
+            # Active jobs by lease expiry (the rescuer).
+            models.Index(
+                fields=["lease_expires_at"], name="django_jobs_active_idx", condition=Q(state="active")
+            ),
+            # Finished jobs by age (retention, admin listings).
+            models.Index(
+                fields=["finished_at"],
+                name="django_jobs_finished_idx",
+                condition=Q(state__in=["completed", "failed", "cancelled"]),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="django_jobs_priority_range"
+            ),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="django_jobs_max_attempts_min"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in JobState]), name="django_jobs_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} [{self.state}] {self.id}"

@@ -1,0 +1,95 @@
+"""Writes attempt outcomes in batches: one statement for everything that finished meanwhile."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from .. import engine
+
+logger = logging.getLogger("django_jobs.worker")
+
+MAX_BATCH = 500
+
+
+class Completer(threading.Thread):
+    def __init__(
+        self,
+        *,
+        using: str,
+        stopping: threading.Event,
+        on_written: Callable[[list[engine.Outcome], set[Any]], None],
+    ):
+        super().__init__(name="jobs-completer", daemon=True)
+        self.using = using
+        self._stopping = stopping
+        self._on_written = on_written
+        self._cond = threading.Condition()
+        self._pending: list[engine.Outcome] = []
+        self._writing = 0
+        self._closed = False
+        self._abandon = False
+
+    def submit(self, outcome: engine.Outcome) -> None:
+        with self._cond:
+            if self._closed:
+                logger.warning("Outcome of job %s arrived after shutdown; dropped (its lease was released).",
+                               outcome.job_id)
+                return
+            self._pending.append(outcome)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._pending) + self._writing
+
+    def close(self, timeout: float) -> None:
+        """Write everything submitted so far (up to ``timeout`` seconds), then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self.join(timeout)
+        if self.is_alive():
+            self._abandon = True
+            logger.error("Could not write %d outcome(s) before shutdown; those jobs' leases will expire and "
+                         "they will run again.", self.pending())
+
+    def run(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending and self._closed:
+                    break
+                batch = self._pending[:MAX_BATCH]
+                del self._pending[:MAX_BATCH]
+                self._writing = len(batch)
+            while True:
+                try:
+                    written = engine.record_outcomes(batch, using=self.using)
+                    failures = 0
+                    break
+                except DatabaseError as exc:
+                    failures += 1
+                    if self._abandon:
+                        return
+                    logger.warning("Writing %d outcome(s) failed (%s); retrying.", len(batch), exc)
+                    try:
+                        connections[self.using].close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    threading.Event().wait(min(5.0, 0.05 * 2 ** min(failures, 8)) * random.uniform(0.5, 1.0))
+            with self._cond:
+                self._writing = 0
+                self._cond.notify_all()
+            self._on_written(batch, written)
+        try:
+            connections[self.using].close()
+        except Exception:  # noqa: BLE001
+            pass

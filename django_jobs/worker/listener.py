@@ -1,0 +1,68 @@
+"""PostgreSQL LISTEN on a dedicated connection: wakes the producer when jobs arrive.
+
+Notifications are an optimisation; polling stays the correctness path, so a lost notification
+or a dropped listener connection only costs latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+
+from django.db import connections
+
+logger = logging.getLogger("django_jobs.worker")
+
+CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class Listener(threading.Thread):
+    def __init__(
+        self,
+        *,
+        using: str,
+        channel: str,
+        queues: list[str] | None,
+        wake: threading.Event,
+        stopping: threading.Event,
+    ):
+        super().__init__(name="jobs-listener", daemon=True)
+        if not CHANNEL_RE.match(channel):
+            raise ValueError(f"NOTIFY_CHANNEL must be a lower-case SQL identifier; got {channel!r}.")
+        self.using = using
+        self.channel = channel
+        self.queues = set(queues) if queues else None
+        self.wake = wake
+        self.stopping = stopping
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            wrapper = connections.create_connection(self.using)
+            try:
+                wrapper.ensure_connection()
+                raw = wrapper.connection
+                raw.autocommit = True
+                raw.execute(f"LISTEN {self.channel}")
+                self.connected.set()
+                failures = 0
+                self.wake.set()  # we may have missed notifications while (re)connecting
+                while not self.stopping.is_set():
+                    for note in raw.notifies(timeout=1.0):
+                        if self.queues is None or note.payload in self.queues:
+                            self.wake.set()
+                        if self.stopping.is_set():
+                            break
+            except Exception as exc:  # noqa: BLE001 - any failure: reconnect after a pause
+                self.connected.clear()
+                failures += 1
+                logger.warning("LISTEN connection lost (%s); polling until it is back.", exc)
+                self.stopping.wait(min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
+            finally:
+                try:
+                    wrapper.close()
+                except Exception:  # noqa: BLE001
+                    pass
