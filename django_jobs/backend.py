@@ -1,6 +1,6 @@
 """``JobsBackend``: Django's Tasks backend that stores jobs in the database.
 
-    TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}}}
+TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}}}
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ def validate_job_options(task: Task) -> None:
     if max_attempts is not None and (
         not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
     ):
-        raise InvalidTaskOptions(f"max_attempts must be an integer >= 1 (or None for the default); got {max_attempts!r}.")
+        raise InvalidTaskOptions(
+            f"max_attempts must be an integer >= 1 (or None for the default); got {max_attempts!r}."
+        )
     try:
         validate_backoff(getattr(task, "backoff", None))
     except ValueError as exc:
@@ -236,8 +238,7 @@ class JobsBackend(BaseTaskBackend):
             kwargs=job.kwargs,
             backend=self.alias,
             errors=[
-                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
-                for e in job.errors
+                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in job.errors
             ],
             worker_ids=list(job.worker_ids),
         )

@@ -51,7 +51,7 @@ def _configure_sqlite(sender: Any, connection: Any, **kwargs: Any) -> None:
         if connection.alias not in jobs_database_aliases():
             return
         conf = get_settings()
-    except Exception:  # a misconfiguration is reported by the system checks, not here
+    except Exception:  # noqa: BLE001 - a misconfiguration is reported by the system checks
         return
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA busy_timeout = {int(conf.SQLITE_BUSY_TIMEOUT_MS)}")

@@ -352,8 +352,7 @@ def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datet
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"UPDATE {JOB_TABLE} SET lease_expires_at = {lease_sql} "
-            f"WHERE state = 'active' AND worker_id = %s",
+            f"UPDATE {JOB_TABLE} SET lease_expires_at = {lease_sql} WHERE state = 'active' AND worker_id = %s",
             [*lease_params, worker_id],
         )
         return cursor.rowcount
@@ -378,9 +377,7 @@ def promote_due_jobs(*, using: str, limit: int, now: datetime | None = None) -> 
     return len(rows)
 
 
-def rescue_stalled_jobs(
-    *, using: str, max_stalled: int, limit: int, now: datetime | None = None
-) -> tuple[int, int]:
+def rescue_stalled_jobs(*, using: str, max_stalled: int, limit: int, now: datetime | None = None) -> tuple[int, int]:
     """Handle active jobs whose lease expired (their worker died or hung).
 
     A job that stalled at most ``max_stalled`` times goes back to ``waiting`` (the interrupted

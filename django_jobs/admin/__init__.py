@@ -7,7 +7,17 @@ from ..models import Job, QueueState, Worker
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "task_path", "queue", "state", "priority", "attempts", "max_attempts", "enqueued_at", "finished_at")
+    list_display = (
+        "id",
+        "task_path",
+        "queue",
+        "state",
+        "priority",
+        "attempts",
+        "max_attempts",
+        "enqueued_at",
+        "finished_at",
+    )
     list_filter = ("state", "queue")
     search_fields = ("id", "task_path")
     date_hierarchy = "enqueued_at"

@@ -79,9 +79,7 @@ class Job(models.Model):
 
     # Columns for the features that follow (dedup, flows, schedules, partitions, tracing).
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
-    parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
-    )
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     pending_children = models.PositiveIntegerField(default=0)
     scheduler_key = models.CharField(max_length=255, null=True, blank=True)
     partition_key = models.CharField(max_length=255, null=True, blank=True)
@@ -101,13 +99,9 @@ class Job(models.Model):
                 condition=Q(state="waiting"),
             ),
             # Delayed jobs by due time (the promoter).
-            models.Index(
-                fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")
-            ),
+            models.Index(fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")),
             # Active jobs by lease expiry (the rescuer).
-            models.Index(
-                fields=["lease_expires_at"], name="django_jobs_active_idx", condition=Q(state="active")
-            ),
+            models.Index(fields=["lease_expires_at"], name="django_jobs_active_idx", condition=Q(state="active")),
             # Finished jobs by age (retention, admin listings).
             models.Index(
                 fields=["finished_at"],
@@ -120,9 +114,7 @@ class Job(models.Model):
                 condition=Q(priority__gte=-100, priority__lte=100), name="django_jobs_priority_range"
             ),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="django_jobs_max_attempts_min"),
-            models.CheckConstraint(
-                condition=Q(state__in=[s.value for s in JobState]), name="django_jobs_state_valid"
-            ),
+            models.CheckConstraint(condition=Q(state__in=[s.value for s in JobState]), name="django_jobs_state_valid"),
         ]
 
     def __str__(self) -> str:

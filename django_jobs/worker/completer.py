@@ -38,8 +38,9 @@ class Completer(threading.Thread):
     def submit(self, outcome: engine.Outcome) -> None:
         with self._cond:
             if self._closed:
-                logger.warning("Outcome of job %s arrived after shutdown; dropped (its lease was released).",
-                               outcome.job_id)
+                logger.warning(
+                    "Outcome of job %s arrived after shutdown; dropped (its lease was released).", outcome.job_id
+                )
                 return
             self._pending.append(outcome)
             self._cond.notify_all()
@@ -56,8 +57,11 @@ class Completer(threading.Thread):
         self.join(timeout)
         if self.is_alive():
             self._abandon = True
-            logger.error("Could not write %d outcome(s) before shutdown; those jobs' leases will expire and "
-                         "they will run again.", self.pending())
+            logger.error(
+                "Could not write %d outcome(s) before shutdown; those jobs' leases will expire and "
+                "they will run again.",
+                self.pending(),
+            )
 
     def run(self) -> None:
         failures = 0

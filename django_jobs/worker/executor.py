@@ -61,7 +61,9 @@ class Executor:
             self._tasks[key] = task
         return task
 
-    def _result(self, job: ClaimedJob, task: Task, status: TaskResultStatus, errors: list[dict[str, Any]]) -> TaskResult:
+    def _result(
+        self, job: ClaimedJob, task: Task, status: TaskResultStatus, errors: list[dict[str, Any]]
+    ) -> TaskResult:
         return TaskResult(
             task=task,
             id=str(job.id),
@@ -73,7 +75,9 @@ class Executor:
             args=job.args,
             kwargs=job.kwargs,
             backend=job.backend,
-            errors=[TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in errors],
+            errors=[
+                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in errors
+            ],
             worker_ids=list(job.worker_ids),
         )
 
@@ -84,8 +88,9 @@ class Executor:
             task = self._task_for(job)
         except TaskNotFound as exc:
             logger.error("Job %s failed: %s", job.id, exc)
-            return Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.FAILED,
-                           error=error_record(exc, job.attempts))
+            return Outcome(
+                job_id=job.id, lease_token=job.lease_token, state=JobState.FAILED, error=error_record(exc, job.attempts)
+            )
         backend_cls = _backend_class(job.backend)
         result = self._result(job, task, TaskResultStatus.RUNNING, job.errors)
         task_started.send(sender=backend_cls, task_result=result)
@@ -110,13 +115,16 @@ class Executor:
         object.__setattr__(done, "finished_at", timezone.now())
         object.__setattr__(done, "_return_value", value)
         task_finished.send(sender=backend_cls, task_result=done)
-        return Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.COMPLETED, return_value_json=value_json)
+        return Outcome(
+            job_id=job.id, lease_token=job.lease_token, state=JobState.COMPLETED, return_value_json=value_json
+        )
 
     def _call(self, task: Task, job: ClaimedJob, result: TaskResult) -> Any:
         args = list(job.args)
         if task.takes_context:
-            args.insert(0, JobContext(task_result=result, job_id=str(job.id), queue=job.queue,
-                                      max_attempts=job.max_attempts))
+            args.insert(
+                0, JobContext(task_result=result, job_id=str(job.id), queue=job.queue, max_attempts=job.max_attempts)
+            )
         if iscoroutinefunction(task.func):
             # Async tasks share the worker's event loop; this thread holds the job's slot.
             future = asyncio.run_coroutine_threadsafe(task.func(*args, **job.kwargs), self._loop_getter())
@@ -131,13 +139,24 @@ class Executor:
         conf = get_settings(job.backend)
         backoff = job.options.get("backoff", conf.BACKOFF)
         delay = compute_backoff(backoff, job.attempts, base=conf.BACKOFF_BASE, cap=conf.BACKOFF_CAP)
-        logger.info("Job %s attempt %d/%d failed (%r); retrying in %.2fs", job.id, job.attempts,
-                    job.max_attempts, exc, delay)
+        logger.info(
+            "Job %s attempt %d/%d failed (%r); retrying in %.2fs", job.id, job.attempts, job.max_attempts, exc, delay
+        )
         if delay <= 0:
-            return Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.WAITING, error=error,
-                           available_at=timezone.now())
-        return Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.DELAYED, error=error,
-                       available_at=timezone.now() + timedelta(seconds=delay))
+            return Outcome(
+                job_id=job.id,
+                lease_token=job.lease_token,
+                state=JobState.WAITING,
+                error=error,
+                available_at=timezone.now(),
+            )
+        return Outcome(
+            job_id=job.id,
+            lease_token=job.lease_token,
+            state=JobState.DELAYED,
+            error=error,
+            available_at=timezone.now() + timedelta(seconds=delay),
+        )
 
 
 _backend_classes: dict[str, type] = {}

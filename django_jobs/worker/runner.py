@@ -184,13 +184,25 @@ class Worker:
         if self.handle_signals:
             self._install_signal_handlers()
         self.stats = WorkerStats()
-        self._retry_db(lambda: engine.register_worker(
-            using=self.using, worker_id=self.worker_id, backend=self.backend, queues=self.queues,
-            concurrency=self.concurrency, pid=os.getpid()))
-        logger.info("Worker %s started: queues=%s concurrency=%d", self.worker_id,
-                    ",".join(self.queues or ["*"]), self.concurrency)
-        worker_started.send(sender=type(self), worker_id=self.worker_id, queues=self.queues,
-                            concurrency=self.concurrency)
+        self._retry_db(
+            lambda: engine.register_worker(
+                using=self.using,
+                worker_id=self.worker_id,
+                backend=self.backend,
+                queues=self.queues,
+                concurrency=self.concurrency,
+                pid=os.getpid(),
+            )
+        )
+        logger.info(
+            "Worker %s started: queues=%s concurrency=%d",
+            self.worker_id,
+            ",".join(self.queues or ["*"]),
+            self.concurrency,
+        )
+        worker_started.send(
+            sender=type(self), worker_id=self.worker_id, queues=self.queues, concurrency=self.concurrency
+        )
         self._start_threads()
         try:
             self._produce()
@@ -222,8 +234,13 @@ class Worker:
             # Clear before claiming: a NOTIFY that lands during the claim keeps us awake.
             self._wake.clear()
             try:
-                jobs = engine.claim_jobs(using=self.using, queues=self.queues, limit=free,
-                                         worker_id=self.worker_id, lease_seconds=self.settings.LEASE_SECONDS)
+                jobs = engine.claim_jobs(
+                    using=self.using,
+                    queues=self.queues,
+                    limit=free,
+                    worker_id=self.worker_id,
+                    lease_seconds=self.settings.LEASE_SECONDS,
+                )
                 failures = 0
             except DatabaseError as exc:
                 failures += 1
@@ -250,8 +267,7 @@ class Worker:
         if self._completer.pending():
             return False
         try:
-            qs = Job.objects.using(self.using).filter(
-                state__in=[JobState.WAITING, JobState.DELAYED, JobState.ACTIVE])
+            qs = Job.objects.using(self.using).filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.ACTIVE])
             if self.queues:
                 qs = qs.filter(queue__in=self.queues)
             return not qs.exists()
@@ -267,8 +283,14 @@ class Worker:
 
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
         level = logging.WARNING if isinstance(exc, TRANSIENT_ERRORS) else logging.ERROR
-        logger.log(level, "Worker %s: %s failed (%s: %s); retrying.", self.worker_id, what,
-                   type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        logger.log(
+            level,
+            "Worker %s: %s failed (%s: %s); retrying.",
+            self.worker_id,
+            what,
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        )
         _close_connection(self.using)
         delay = min(5.0, 0.05 * (2 ** min(failures, 8))) * random.uniform(0.5, 1.0)
         self._stopping.wait(delay)
@@ -303,15 +325,23 @@ class Worker:
                 close_old_connections()
             if outcome is None:
                 engine_release = lambda j=job: engine.release_jobs(  # noqa: E731
-                    using=self.using, worker_id=self.worker_id, job_ids=[j.id])
+                    using=self.using, worker_id=self.worker_id, job_ids=[j.id]
+                )
                 try:
                     engine_release()
                 except DatabaseError:
                     logger.exception("Could not release job %s; its lease will expire.", job.id)
             else:
                 if verbose:
-                    job_logger.info("%s %s %s attempt %d/%d in %.1f ms", job.id, job.task_path, outcome.state,
-                                    job.attempts, job.max_attempts, (time.perf_counter() - t0) * 1000)
+                    job_logger.info(
+                        "%s %s %s attempt %d/%d in %.1f ms",
+                        job.id,
+                        job.task_path,
+                        outcome.state,
+                        job.attempts,
+                        job.max_attempts,
+                        (time.perf_counter() - t0) * 1000,
+                    )
                 self._completer.submit(outcome)
             with self._slots:
                 self._inflight -= 1
@@ -346,7 +376,9 @@ class Worker:
         services = [
             Promoter(using=self.using, settings=s, interval=s.PROMOTE_INTERVAL, worker_id=self.worker_id),
             Rescuer(using=self.using, settings=s, interval=s.RESCUE_INTERVAL, worker_id=self.worker_id),
-            Reaper(using=self.using, settings=s, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS), worker_id=self.worker_id),
+            Reaper(
+                using=self.using, settings=s, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS), worker_id=self.worker_id
+            ),
         ]
         is_leader = False
         next_leader_check = 0.0
@@ -357,14 +389,21 @@ class Worker:
                 if now >= next_renew:
                     engine.renew_leases(using=self.using, worker_id=self.worker_id, lease_seconds=s.LEASE_SECONDS)
                     if not engine.heartbeat_worker(using=self.using, worker_id=self.worker_id):
-                        engine.register_worker(using=self.using, worker_id=self.worker_id, backend=self.backend,
-                                               queues=self.queues, concurrency=self.concurrency, pid=os.getpid())
+                        engine.register_worker(
+                            using=self.using,
+                            worker_id=self.worker_id,
+                            backend=self.backend,
+                            queues=self.queues,
+                            concurrency=self.concurrency,
+                            pid=os.getpid(),
+                        )
                     next_renew = now + renew_every
                 if now >= next_leader_check:
                     from datetime import timedelta
 
-                    leader = engine.leader_id(using=self.using, backend=self.backend,
-                                              alive_within=timedelta(seconds=2 * s.LEASE_SECONDS))
+                    leader = engine.leader_id(
+                        using=self.using, backend=self.backend, alive_within=timedelta(seconds=2 * s.LEASE_SECONDS)
+                    )
                     is_leader = leader == self.worker_id
                     next_leader_check = now + min(s.RESCUE_INTERVAL, renew_every)
                 for service in services:
@@ -395,8 +434,13 @@ class Worker:
         self._completer.start()
         spawn(self._maintain, "jobs-maintainer")
         if connections[self.using].vendor == "postgresql":
-            self._listener = Listener(using=self.using, channel=self.settings.NOTIFY_CHANNEL,
-                                      queues=self.queues, wake=self._wake, stopping=self._stopping)
+            self._listener = Listener(
+                using=self.using,
+                channel=self.settings.NOTIFY_CHANNEL,
+                queues=self.queues,
+                wake=self._wake,
+                stopping=self._stopping,
+            )
             self._listener.start()
             self._threads.append(self._listener)
 
@@ -408,8 +452,12 @@ class Worker:
                 self._slots.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
             still_running = self._inflight
         if still_running:
-            logger.warning("Worker %s: %d job(s) still running after the %.0fs grace period; releasing them.",
-                           self.worker_id, still_running, self.grace)
+            logger.warning(
+                "Worker %s: %d job(s) still running after the %.0fs grace period; releasing them.",
+                self.worker_id,
+                still_running,
+                self.grace,
+            )
         # Jobs claimed but not started yet are not run: the release below hands them back.
         while True:
             try:
@@ -444,8 +492,12 @@ class Worker:
                 # Second signal: leave now; leases hand the running jobs to other workers.
                 os.write(2, b"django_jobs: second signal, exiting at once.\n")
                 os._exit(1)
-            logger.warning("Worker %s: %s received, shutting down (grace %.0fs; send again to exit at once).",
-                           self.worker_id, signal.Signals(signum).name, self.grace)
+            logger.warning(
+                "Worker %s: %s received, shutting down (grace %.0fs; send again to exit at once).",
+                self.worker_id,
+                signal.Signals(signum).name,
+                self.grace,
+            )
             self.stop()
 
         signal.signal(signal.SIGTERM, handler)

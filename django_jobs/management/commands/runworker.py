@@ -38,15 +38,28 @@ class Command(BaseCommand):
     help = "Run django-jobs workers: claim jobs from the database and run them."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("-q", "--queue", action="append", dest="queues", metavar="QUEUE[,QUEUE]",
-                            help="Queues to work (comma-separated or repeated; '*' for all). Default: all.")
+        parser.add_argument(
+            "-q",
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="QUEUE[,QUEUE]",
+            help="Queues to work (comma-separated or repeated; '*' for all). Default: all.",
+        )
         parser.add_argument("-c", "--concurrency", default="1", help="Jobs at once per process (threads). Default 1.")
-        parser.add_argument("-p", "--processes", default="1", help="Worker processes (a supervisor forks them). Default 1.")
-        parser.add_argument("--stop-when-empty", action="store_true",
-                            help="Exit once no waiting, delayed or active job is left in the queues.")
+        parser.add_argument(
+            "-p", "--processes", default="1", help="Worker processes (a supervisor forks them). Default 1."
+        )
+        parser.add_argument(
+            "--stop-when-empty",
+            action="store_true",
+            help="Exit once no waiting, delayed or active job is left in the queues.",
+        )
         parser.add_argument("--max-jobs", default=None, help="Exit after this many jobs (per process).")
         parser.add_argument("--max-time", default=None, help="Exit after this many seconds.")
-        parser.add_argument("--sleep", default=None, help="Idle poll interval in seconds (jittered). Default POLL_INTERVAL.")
+        parser.add_argument(
+            "--sleep", default=None, help="Idle poll interval in seconds (jittered). Default POLL_INTERVAL."
+        )
         parser.add_argument("--grace", default="30", help="Seconds running jobs get to finish on shutdown. Default 30.")
         parser.add_argument("--worker-id", default=None, help="Worker id (default host-pid-random).")
         parser.add_argument("--backend", default="default", help="Alias in TASKS. Default 'default'.")
@@ -71,9 +84,18 @@ class Command(BaseCommand):
 
         def make(worker_id: str | None = None, handle_signals: bool = True) -> Worker:
             try:
-                return Worker(queues=queues, concurrency=concurrency, backend=opts["backend"],
-                              stop_when_empty=opts["stop_when_empty"], max_jobs=max_jobs, max_time=max_time,
-                              sleep=sleep, grace=grace, worker_id=worker_id, handle_signals=handle_signals)
+                return Worker(
+                    queues=queues,
+                    concurrency=concurrency,
+                    backend=opts["backend"],
+                    stop_when_empty=opts["stop_when_empty"],
+                    max_jobs=max_jobs,
+                    max_time=max_time,
+                    sleep=sleep,
+                    grace=grace,
+                    worker_id=worker_id,
+                    handle_signals=handle_signals,
+                )
             except JobsError as exc:
                 raise CommandError(str(exc)) from None
 

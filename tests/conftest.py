@@ -1,0 +1,141 @@
+"""Shared fixtures: database vendor markers, ``wait_until``, worker runners (thread / subprocess)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    vendor = os.environ.get("JOBS_TEST_DB", "sqlite")
+    for item in items:
+        if "postgres" in item.keywords and vendor != "postgres":
+            item.add_marker(
+                pytest.mark.skip(reason="PostgreSQL-only feature; runs in the PostgreSQL half of make test")
+            )
+
+
+def wait_until(
+    condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02, message: str = ""
+) -> object:
+    """Poll ``condition`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message or condition}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def probe(tmp_path) -> str:
+    """A JSON-lines file tasks append to (see tests.tasks.record)."""
+    return str(tmp_path / "probe.jsonl")
+
+
+class ThreadWorker:
+    """A django_jobs Worker running in a thread of the test process."""
+
+    def __init__(self, **kwargs):
+        from django_jobs.worker import Worker
+
+        kwargs.setdefault("sleep", 0.05)
+        kwargs.setdefault("grace", 5)
+        self.worker = Worker(**kwargs)
+        self.stats = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        try:
+            self.stats = self.worker.run()
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+
+    def start(self) -> ThreadWorker:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 15.0):
+        self.worker.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker thread did not stop"
+        if self.error:
+            raise self.error
+        return self.stats
+
+    def join(self, timeout: float = 30.0):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker thread did not finish"
+        if self.error:
+            raise self.error
+        return self.stats
+
+
+@pytest.fixture
+def thread_worker() -> Iterator[Callable[..., ThreadWorker]]:
+    started: list[ThreadWorker] = []
+
+    def start(**kwargs) -> ThreadWorker:
+        w = ThreadWorker(**kwargs).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        if w.thread.is_alive():
+            w.worker.stop()
+            w.thread.join(15)
+
+
+def subprocess_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["JOBS_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture
+def worker_process(tmp_path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start ``manage.py runworker <args>`` as a real process on the test database."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(tmp_path / f"worker-{len(procs)}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworker", *args],
+            cwd=ROOT,
+            env=subprocess_env(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        procs.append(proc)
+        return proc
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+def read_log(proc: subprocess.Popen) -> str:
+    return Path(proc.log_path).read_text()  # type: ignore[attr-defined]

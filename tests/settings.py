@@ -1,0 +1,94 @@
+"""Test settings. JOBS_TEST_DB=sqlite (default) or postgres picks the database.
+
+Subprocess workers started by the tests set JOBS_TEST_DB_NAME to the test database pytest-django
+created, so they work on the same rows.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+SECRET_KEY = "tests"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_jobs",
+    "tests",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+VENDOR = os.environ.get("JOBS_TEST_DB", "sqlite")
+SUBPROCESS_DB_NAME = os.environ.get("JOBS_TEST_DB_NAME")
+
+if VENDOR == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": SUBPROCESS_DB_NAME or os.environ.get("PGDATABASE", "test"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+            "TEST": {"NAME": "test_django_jobs"},
+        }
+    }
+elif VENDOR == "sqlite":
+    # A file, not :memory:, so worker threads and subprocess workers share it.
+    _dir = Path(os.environ.get("JOBS_TEST_SQLITE_DIR", tempfile.gettempdir()))
+    _name = SUBPROCESS_DB_NAME or str(_dir / f"django_jobs_test_{os.getpid()}.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name,
+            "TEST": {"NAME": _name},
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        }
+    }
+else:
+    raise RuntimeError(f"JOBS_TEST_DB must be sqlite or postgres, not {VENDOR!r}")
+
+TASKS = {
+    "default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}},
+    "limited": {
+        "BACKEND": "django_jobs.backend.JobsBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_PAYLOAD_BYTES": 1024, "MAX_ATTEMPTS": 2},
+    },
+}
+DJANGO_JOBS = {
+    # Short intervals keep the fault tests quick; tests that need other values override them.
+    "LEASE_SECONDS": float(os.environ.get("JOBS_TEST_LEASE", "30")),
+    "POLL_INTERVAL": 0.2,
+    "PROMOTE_INTERVAL": 0.2,
+    "RESCUE_INTERVAL": 0.5,
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

@@ -1,0 +1,102 @@
+"""Tasks the tests enqueue. Module-level, so subprocess workers can import them too.
+
+Side effects go to the ``Probe`` model-free channel: a JSON-lines file named by the
+``JOBS_TEST_PROBE`` env var or the path given as an argument, so subprocess workers can report.
+"""
+
+import asyncio
+import fcntl
+import json
+import os
+import time
+
+from django.tasks import task
+
+
+def record(path: str, **data) -> None:
+    """Append one JSON line to ``path`` (safe across threads and processes)."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write(json.dumps(data) + "\n")
+        fh.flush()
+        fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def read_records(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@task
+def noop() -> None:
+    return None
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task
+def echo(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+def mark(path: str, key) -> str:
+    """Records that it ran (with the worker's pid) and returns ``key``."""
+    record(path, key=key, pid=os.getpid())
+    return key
+
+
+@task
+def sleep_then_mark(path: str, key, seconds: float) -> str:
+    record(path, key=key, event="start", pid=os.getpid())
+    time.sleep(seconds)
+    record(path, key=key, event="end", pid=os.getpid())
+    return key
+
+
+@task(max_attempts=3, backoff=0, takes_context=True)
+def fail_until(context, path: str, succeed_on: int) -> int:
+    """Fails until attempt ``succeed_on``; records every attempt."""
+    record(path, attempt=context.attempt, pid=os.getpid())
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task(max_attempts=2, backoff=0)
+def always_fails(message: str = "boom"):
+    raise ValueError(message)
+
+
+@task
+def returns_non_json():
+    return {1, 2, 3}
+
+
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@task(takes_context=True)
+def context_info(context):
+    return {
+        "attempt": context.attempt,
+        "job_id": context.job_id,
+        "queue": context.queue,
+        "max_attempts": context.max_attempts,
+    }
+
+
+@task(priority=10)
+def high_priority(path: str, key) -> None:
+    record(path, key=key)
+
+
+not_a_task = "just a string"
