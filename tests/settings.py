@@ -52,7 +52,7 @@ if VENDOR == "postgres":
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
             "PORT": os.environ.get("PGPORT", "5432"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            "TEST": {"NAME": "test_django_jobs"},
+            "TEST": {"NAME": os.environ.get("JOBS_TEST_PG_NAME", "test_django_jobs")},
         }
     }
 elif VENDOR == "sqlite":
