@@ -154,6 +154,8 @@ class Worker:
         self.stats = WorkerStats()
 
         self._stopping = threading.Event()
+        # Set only after the grace period: leases must keep being renewed while jobs finish.
+        self._maintenance_done = threading.Event()
         self._wake = threading.Event()
         self._slots = threading.Condition()
         self._inflight = 0
@@ -165,6 +167,7 @@ class Worker:
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._threads: list[threading.Thread] = []
         self._signals_seen = 0
+        self._first_signal_at = 0.0
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -383,7 +386,7 @@ class Worker:
         is_leader = False
         next_leader_check = 0.0
         failures = 0
-        while not self._stopping.wait(0.1):
+        while not self._maintenance_done.wait(0.1):
             try:
                 now = time.monotonic()
                 if now >= next_renew:
@@ -407,7 +410,7 @@ class Worker:
                     is_leader = leader == self.worker_id
                     next_leader_check = now + min(s.RESCUE_INTERVAL, renew_every)
                 for service in services:
-                    if self._stopping.is_set():
+                    if self._stopping.is_set():  # draining: keep renewing leases, start no new work
                         break
                     counts = service.tick(is_leader=is_leader)
                     if counts and counts.get("promoted") or (counts and counts.get("requeued")):
@@ -473,6 +476,7 @@ class Worker:
         except DatabaseError:
             logger.exception("Worker %s could not release its jobs; their leases will expire.", self.worker_id)
         # Claimed but never started jobs (queued for an executor) are covered by the release too.
+        self._maintenance_done.set()
         for t in self._threads:
             t.join(timeout=2.0)
         try:
@@ -488,7 +492,12 @@ class Worker:
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, frame: Any) -> None:
             self._signals_seen += 1
-            if self._signals_seen > 1:
+            now = time.monotonic()
+            if self._signals_seen == 1:
+                self._first_signal_at = now
+            # A second signal within a second is the same request arriving twice (a terminal's
+            # Ctrl-C reaches both the supervisor, which forwards it, and this process).
+            elif now - self._first_signal_at > 1.0:
                 # Second signal: leave now; leases hand the running jobs to other workers.
                 os.write(2, b"django_jobs: second signal, exiting at once.\n")
                 os._exit(1)
