@@ -145,8 +145,11 @@ class JobsBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]):
         super().__init__(alias, params)
-        # An explicit empty QUEUES list means "any queue"; Django's default is {"default"}.
-        self.settings = get_settings(alias)
+
+    @property
+    def settings(self):
+        """The effective settings, read on each use (cached in conf) so overrides apply."""
+        return get_settings(self.alias)
 
     @property
     def database(self) -> str:
@@ -167,7 +170,7 @@ class JobsBackend(BaseTaskBackend):
             check_json(value, f"args[{i}]")
         for key, value in kwargs.items():
             check_json(value, f"kwargs[{key!r}]")
-        size = len(json.dumps(args, allow_nan=False).encode()) + len(json.dumps(kwargs, allow_nan=False).encode())
+        size = len(json.dumps(args, ensure_ascii=False).encode()) + len(json.dumps(kwargs, ensure_ascii=False).encode())
         cap = self.settings.MAX_PAYLOAD_BYTES
         if size > cap:
             raise PayloadTooLarge(
@@ -223,9 +226,7 @@ class JobsBackend(BaseTaskBackend):
 
     def _result_from_job(self, job: Any, task: Task | None = None) -> TaskResult:
         if task is None:
-            task = resolve_task(job.task_path)
-            if task.queue_name != job.queue or task.priority != job.priority:
-                task = task.using(queue_name=job.queue, priority=job.priority)
+            task = task_for_job(job.task_path, job.backend, job.queue, job.priority)
         result = TaskResult(
             task=task,
             id=str(job.id),
@@ -253,6 +254,15 @@ class JobsBackend(BaseTaskBackend):
         return check_backend(self)
 
 
+def task_for_job(path: str, backend: str, queue: str, priority: int) -> Task:
+    """The Task a job row describes: its function, with the backend, queue and priority it was
+    enqueued with (which may differ from the decorator's)."""
+    task = resolve_task(path)
+    if task.backend != backend or task.queue_name != queue or task.priority != priority:
+        task = task.using(backend=backend, queue_name=queue, priority=priority)
+    return task
+
+
 def resolve_task(path: str) -> Task:
     """The Task instance a job's path names; TaskNotFound when there is none."""
     from .exceptions import TaskNotFound
@@ -266,4 +276,4 @@ def resolve_task(path: str) -> Task:
     return obj
 
 
-__all__ = ["JobTask", "JobsBackend", "resolve_task"]
+__all__ = ["JobTask", "JobsBackend", "resolve_task", "task_for_job"]

@@ -34,6 +34,17 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                 id="django_jobs.E001",
             )
         )
+    from .conf import SETTING_NAMES
+
+    unknown = sorted(set(settings.TASKS.get(backend.alias, {}).get("OPTIONS") or {}) - SETTING_NAMES)
+    if unknown:
+        errors.append(
+            checks.Error(
+                f"{where}: unknown OPTIONS key(s) {unknown}.",
+                hint=f"Allowed keys: {sorted(SETTING_NAMES)}; see docs/reference/settings.md.",
+                id="django_jobs.E002",
+            )
+        )
     try:
         conf = get_settings(backend.alias)
     except (JobsConfigurationError, TypeError) as exc:
@@ -61,7 +72,7 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                     id="django_jobs.E003",
                 )
             )
-    for name in sorted(backend.queues):
+    for name in sorted(backend.queues, key=repr):
         if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
             errors.append(
                 checks.Warning(

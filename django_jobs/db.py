@@ -131,6 +131,17 @@ class Dialect:
     def cast(self, sql: str, pg_type: str) -> str:
         return f"{sql}::{pg_type}" if self.pg else sql
 
+    def id_in(self, select_sql: str) -> str:
+        """``id`` is among the ids ``select_sql`` returns, with the subquery run exactly once.
+
+        PostgreSQL may re-run a plain ``IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`` per
+        outer row, so LIMIT would stop bounding the update; ``ARRAY(...)`` is an InitPlan,
+        evaluated once. SQLite evaluates an uncorrelated IN subquery once.
+        """
+        if self.pg:
+            return f"id = ANY(ARRAY({select_sql}))"
+        return f"id IN ({select_sql})"
+
     def skip_locked(self) -> str:
         # SQLite has no row locks: a single UPDATE statement holds the database write lock.
         return "FOR UPDATE SKIP LOCKED" if self.pg else ""
@@ -147,9 +158,9 @@ class Dialect:
         return json.loads(value) if isinstance(value, (str, bytes)) else value
 
     def to_dt(self, value: Any) -> datetime | None:
-        if value is None or isinstance(value, datetime):
-            return value
-        parsed = datetime.fromisoformat(value)
+        if value is None:
+            return None
+        parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value)
         if parsed.tzinfo is None and settings.USE_TZ:
             parsed = parsed.replace(tzinfo=UTC)
         return parsed

@@ -215,7 +215,7 @@ def claim_jobs(
         f"lease_token = {d.new_token()}, lease_expires_at = {lease_sql}, worker_id = %s, "
         f"worker_ids = {d.json_append_text('worker_ids', '%s')}, "
         f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
-        f"WHERE id IN ({select_ids}) AND state = 'waiting' RETURNING {returning}"
+        f"WHERE {d.id_in(select_ids)} AND state = 'waiting' RETURNING {returning}"
     )
     params = [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
     with connections[using].cursor() as cursor:
@@ -366,9 +366,12 @@ def promote_due_jobs(*, using: str, limit: int, now: datetime | None = None) -> 
     d = Dialect(using)
     now_sql, now_params = d.now(now)
     sql = (
-        f"UPDATE {JOB_TABLE} SET state = 'waiting' WHERE id IN ("
-        f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql} "
-        f"ORDER BY available_at LIMIT %s {d.skip_locked()}) AND state = 'delayed' RETURNING queue"
+        f"UPDATE {JOB_TABLE} SET state = 'waiting' WHERE "
+        + d.id_in(
+            f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql} "
+            f"ORDER BY available_at LIMIT %s {d.skip_locked()}"
+        )
+        + " AND state = 'delayed' RETURNING queue"
     )
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [*now_params, limit])
@@ -402,9 +405,12 @@ def rescue_stalled_jobs(*, using: str, max_stalled: int, limit: int, now: dateti
         f"errors = CASE WHEN {fail} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} ELSE errors END, "
         f"finished_at = CASE WHEN {fail} THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
-        f"WHERE id IN (SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql} "
-        f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}) "
-        f"AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, state"
+        "WHERE "
+        + d.id_in(
+            f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql} "
+            f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}"
+        )
+        + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, state"
     )
     params = [json.dumps(error), *now_params, *now_params, limit, *now_params]
     with connections[using].cursor() as cursor:

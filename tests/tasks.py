@@ -100,3 +100,67 @@ def high_priority(path: str, key) -> None:
 
 
 not_a_task = "just a string"
+
+
+# -- backend contract tests (tests/test_backend.py) -------------------------------------------
+
+
+@task(backend="limited")
+def limited_echo(*args, **kwargs):
+    """On the ``limited`` backend: QUEUES default/emails, MAX_ATTEMPTS=2, MAX_PAYLOAD_BYTES=1024."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task(backend="limited", max_attempts=5, backoff=[1, 2, 4])
+def limited_configured():
+    return None
+
+
+@task(max_attempts=4, backoff="exponential")
+def exponential_retries():
+    return None
+
+
+# -- worker and fault tests (tests/test_worker.py, test_faults.py, test_runworker_command.py) ---
+
+
+@task(max_attempts=3, backoff=0, takes_context=True)
+def fail_until_timed(context, path: str, key, succeed_on: int) -> int:
+    """Like ``fail_until``, and records when each attempt started and the row's ``available_at``
+    then (which the previous failure's backoff set), so tests can measure each retry delay."""
+    from django_jobs.models import Job
+
+    job = Job.objects.get(id=context.job_id)
+    record(
+        path,
+        key=key,
+        attempt=context.attempt,
+        at=time.time(),
+        available_at=job.available_at.isoformat(),
+        errors_at=[e["at"] for e in job.errors],
+    )
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task(takes_context=True)
+def context_details(context) -> dict:
+    """Returns what a task with ``takes_context=True`` receives."""
+    cls = type(context)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "attempt": context.attempt,
+        "job_id": context.job_id,
+        "result_id": context.task_result.id,
+        "queue": context.queue,
+        "max_attempts": context.max_attempts,
+        "is_last_attempt": context.is_last_attempt,
+    }
+
+
+@task
+def fails_once_marked(path: str, key) -> str:
+    """Raises (no retry); records that it ran."""
+    record(path, key=key, event="fail", pid=os.getpid())
+    raise LookupError(f"{key} fails")

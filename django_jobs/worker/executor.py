@@ -21,7 +21,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
-from ..backend import JobsBackend, check_json, resolve_task
+from ..backend import JobsBackend, check_json, task_for_job
 from ..backoff import compute_backoff
 from ..conf import get_settings
 from ..context import JobContext
@@ -49,15 +49,13 @@ class Executor:
     def __init__(self, *, worker_id: str, loop_getter: Callable[[], asyncio.AbstractEventLoop]):
         self.worker_id = worker_id
         self._loop_getter = loop_getter
-        self._tasks: dict[tuple[str, str, int], Task] = {}
+        self._tasks: dict[tuple[str, str, str, int], Task] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
-        key = (job.task_path, job.queue, job.priority)
+        key = (job.task_path, job.backend, job.queue, job.priority)
         task = self._tasks.get(key)
         if task is None:
-            task = resolve_task(job.task_path)
-            if task.queue_name != job.queue or task.priority != job.priority:
-                task = task.using(queue_name=job.queue, priority=job.priority)
+            task = task_for_job(job.task_path, job.backend, job.queue, job.priority)
             self._tasks[key] = task
         return task
 

@@ -1,0 +1,653 @@
+"""The engine, the only writer of job state: claim, outcomes, promote, rescue, release, renew,
+and the schema it relies on. Every test runs on SQLite and PostgreSQL; time is passed as ``now``."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import IntegrityError, connection, connections, transaction
+from django.utils import timezone
+
+from django_jobs import engine
+from django_jobs.conf import get_settings
+from django_jobs.models import Job
+from django_jobs.states import TRANSITIONS, JobState
+
+db = pytest.mark.django_db
+committing = pytest.mark.django_db(transaction=True)
+
+T0 = timezone.now().replace(microsecond=123_456) - timedelta(days=1)
+LEASE = 30
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def make_job(
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    now: datetime = T0,
+    run_after: datetime | None = None,
+    max_attempts: int = 1,
+    args: list | None = None,
+) -> Job:
+    return engine.insert_job(
+        using="default",
+        backend="default",
+        task_path="tests.tasks.noop",
+        queue=queue,
+        priority=priority,
+        args=args or [],
+        kwargs={},
+        max_attempts=max_attempts,
+        options={},
+        run_after=run_after,
+        now=now,
+    )
+
+
+def claim(
+    *, worker_id: str = "w1", limit: int = 100, queues: list[str] | None = None, now: datetime = T0
+) -> list[engine.ClaimedJob]:
+    return engine.claim_jobs(
+        using="default", queues=queues, limit=limit, worker_id=worker_id, lease_seconds=LEASE, now=now
+    )
+
+
+def record(claimed: engine.ClaimedJob, state: str, *, now: datetime = T0, **kwargs) -> set[uuid.UUID]:
+    return engine.record_outcomes(
+        [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state=state, **kwargs)],
+        using="default",
+        now=now,
+    )
+
+
+def row(job_id) -> Job:
+    return Job.objects.get(id=job_id)
+
+
+def snapshot(job_id) -> dict:
+    return Job.objects.filter(id=job_id).values().get()
+
+
+ERROR = {"exception_class_path": "builtins.ValueError", "traceback": "ValueError: boom\n"}
+
+ON_POSTGRESQL = connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def nested_loop_plans():
+    """PostgreSQL: steer the planner to nested loops without materialisation for this test's
+    transaction. A batch statement must honour its LIMIT under every plan; this is the plan that
+    re-runs a subquery, and the one an unanalysed jobs table gets anyway."""
+    if ON_POSTGRESQL:
+        with connection.cursor() as cursor:
+            for knob in ("enable_hashjoin", "enable_mergejoin", "enable_material"):
+                cursor.execute(f"SET LOCAL {knob} = off")
+
+
+# -- claim -----------------------------------------------------------------------------------
+
+
+@db
+@pytest.mark.usefixtures("nested_loop_plans")
+def test_claim_order_is_priority_then_available_at_then_id():
+    low_early = make_job(priority=0, now=at(0))
+    low_same_time = make_job(priority=0, now=at(0))  # same available_at: the later id goes second
+    high_late = make_job(priority=5, now=at(2))
+    high_early = make_job(priority=5, now=at(1))
+    negative_earliest = make_job(priority=-3, now=at(-10))
+    expected = [high_early.id, high_late.id, low_early.id, low_same_time.id, negative_earliest.id]
+    assert low_early.id < low_same_time.id
+
+    one_at_a_time = [claim(limit=1, worker_id=f"w{i}", now=at(5))[0].id for i in range(5)]
+    assert one_at_a_time == expected
+    assert claim(now=at(5)) == []
+
+
+@db
+def test_one_claim_returns_its_batch_in_claim_order():
+    jobs = [make_job(priority=p, now=at(i)) for i, p in enumerate([0, 10, -10, 10, 0, 100, -100])]
+    expected = [j.id for j in sorted(jobs, key=lambda j: (-j.priority, j.available_at, j.id))]
+    assert [c.id for c in claim(limit=10, now=at(10))] == expected
+
+
+@db
+@pytest.mark.usefixtures("nested_loop_plans")
+def test_claim_takes_at_most_limit_jobs():
+    for i in range(5):
+        make_job(now=at(i))
+    assert len(claim(limit=3)) == 3
+    assert Job.objects.filter(state=JobState.WAITING).count() == 2
+    assert claim(limit=0) == []
+    assert Job.objects.filter(state=JobState.WAITING).count() == 2
+
+
+@db
+def test_claim_takes_only_the_given_queues():
+    by_queue = {q: make_job(queue=q) for q in ("a", "b", "c")}
+    claimed = claim(queues=["a", "c"])
+    assert {c.id for c in claimed} == {by_queue["a"].id, by_queue["c"].id}
+    assert row(by_queue["b"].id).state == JobState.WAITING
+    assert claim(queues=["zzz"]) == []
+    assert [c.id for c in claim(queues=None)] == [by_queue["b"].id]
+
+
+@db
+def test_claim_skips_jobs_that_are_not_waiting():
+    waiting = make_job()
+    for state in (JobState.DELAYED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.WAITING_CHILDREN):
+        job = make_job()
+        Job.objects.filter(id=job.id).update(state=state)
+    assert [c.id for c in claim()] == [waiting.id]
+    assert claim() == [], "an active job is not claimed twice"
+
+
+@db
+def test_claimed_job_is_active_with_a_fresh_lease():
+    job = make_job(args=[1, {"a": "b"}], max_attempts=3)
+    [claimed] = claim(worker_id="worker-1", now=at(1))
+    stored = row(job.id)
+    assert stored.state == JobState.ACTIVE
+    assert stored.attempts == 1 == claimed.attempts
+    assert stored.lease_token is not None
+    assert stored.lease_token == claimed.lease_token
+    assert stored.lease_expires_at == at(1 + LEASE)
+    assert stored.worker_id == "worker-1"
+    assert stored.worker_ids == ["worker-1"] == claimed.worker_ids
+    assert stored.started_at == at(1)
+    assert stored.last_attempted_at == at(1)
+    assert claimed.args == [1, {"a": "b"}] and claimed.kwargs == {}
+    assert claimed.max_attempts == 3 and claimed.options == {}
+    assert (claimed.queue, claimed.backend, claimed.task_path) == ("default", "default", "tests.tasks.noop")
+
+
+@db
+def test_claimed_job_times_are_aware_and_match_the_row():
+    job = make_job(now=at(0))
+    [claimed] = claim(now=at(1))
+    assert claimed.enqueued_at == job.enqueued_at == at(0)
+    assert claimed.available_at == at(0)
+    assert claimed.started_at == at(1)
+    assert claimed.last_attempted_at == at(1)
+    for value in (claimed.enqueued_at, claimed.available_at, claimed.started_at, claimed.last_attempted_at):
+        assert timezone.is_aware(value)
+
+
+@db
+def test_claim_without_now_leases_for_lease_seconds_from_the_current_time():
+    job = make_job(now=timezone.now())
+    lease_seconds = get_settings().LEASE_SECONDS
+    engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w1", lease_seconds=lease_seconds)
+    expected = timezone.now() + timedelta(seconds=lease_seconds)
+    assert abs(row(job.id).lease_expires_at - expected) < timedelta(seconds=5)
+
+
+@db
+def test_claim_accepts_an_integer_lease():
+    job = make_job()
+    engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w1", lease_seconds=7, now=T0)
+    assert row(job.id).lease_expires_at == T0 + timedelta(seconds=7)
+
+
+@db
+def test_each_claim_issues_a_new_lease_token():
+    make_job(max_attempts=2)
+    [first] = claim(worker_id="w1", now=at(0))
+    record(first, JobState.WAITING, error=ERROR, now=at(1))
+    [second] = claim(worker_id="w2", now=at(2))
+    assert second.lease_token != first.lease_token
+    assert second.attempts == 2
+    assert second.worker_ids == ["w1", "w2"]
+    stored = row(second.id)
+    assert stored.started_at == at(0)
+    assert stored.last_attempted_at == at(2)
+
+
+# -- outcomes --------------------------------------------------------------------------------
+
+
+@db
+def test_completed_outcome_stores_return_value_and_clears_the_lease():
+    make_job()
+    [claimed] = claim()
+    assert record(claimed, JobState.COMPLETED, return_value_json='[1, "two"]', now=at(3)) == {claimed.id}
+    stored = row(claimed.id)
+    assert stored.state == JobState.COMPLETED
+    assert stored.return_value == [1, "two"]
+    assert stored.finished_at == at(3)
+    assert stored.lease_token is None and stored.lease_expires_at is None
+    assert stored.errors == []
+
+
+@db
+def test_failed_outcome_appends_the_error_and_finishes():
+    make_job()
+    [claimed] = claim()
+    record(claimed, JobState.FAILED, error=ERROR, now=at(4))
+    stored = row(claimed.id)
+    assert stored.state == JobState.FAILED
+    assert stored.errors == [ERROR]
+    assert stored.finished_at == at(4)
+    assert stored.return_value is None
+
+
+@db
+def test_delayed_retry_waits_until_its_available_at_and_keeps_every_error():
+    make_job(max_attempts=3)
+    [first] = claim(now=at(0))
+    record(first, JobState.DELAYED, error=ERROR, available_at=at(60), now=at(1))
+    stored = row(first.id)
+    assert (stored.state, stored.available_at, stored.finished_at) == (JobState.DELAYED, at(60), None)
+    assert stored.lease_token is None
+    assert claim(now=at(100)) == [], "claim does not promote"
+    assert engine.promote_due_jobs(using="default", limit=10, now=at(59)) == 0
+    assert engine.promote_due_jobs(using="default", limit=10, now=at(60)) == 1
+    [second] = claim(now=at(61))
+    second_error = {**ERROR, "traceback": "ValueError: again\n"}
+    record(second, JobState.FAILED, error=second_error, now=at(62))
+    assert row(first.id).errors == [ERROR, second_error]
+
+
+@db
+def test_outcome_with_a_stale_lease_token_is_dropped():
+    make_job()
+    [claimed] = claim()
+    before = snapshot(claimed.id)
+    stale = engine.Outcome(job_id=claimed.id, lease_token=uuid.uuid4(), state=JobState.COMPLETED, return_value_json="1")
+    assert engine.record_outcomes([stale], using="default", now=at(1)) == set()
+    assert snapshot(claimed.id) == before
+
+
+@db
+def test_outcome_for_a_job_no_longer_active_is_dropped():
+    make_job()
+    [claimed] = claim()
+    Job.objects.filter(id=claimed.id).update(state=JobState.CANCELLED)  # token left in place on purpose
+    before = snapshot(claimed.id)
+    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == set()
+    assert snapshot(claimed.id) == before
+
+
+@db
+def test_second_outcome_for_the_same_lease_is_dropped():
+    make_job()
+    [claimed] = claim()
+    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == {claimed.id}
+    before = snapshot(claimed.id)
+    assert record(claimed, JobState.FAILED, error=ERROR, now=at(2)) == set()
+    assert snapshot(claimed.id) == before
+
+
+@db
+def test_a_batch_writes_only_the_outcomes_whose_lease_holds():
+    for _ in range(3):
+        make_job()
+    a, b, c = claim()
+    outcomes = [
+        engine.Outcome(job_id=a.id, lease_token=a.lease_token, state=JobState.COMPLETED, return_value_json='"a"'),
+        engine.Outcome(job_id=b.id, lease_token=uuid.uuid4(), state=JobState.COMPLETED, return_value_json='"b"'),
+        engine.Outcome(job_id=c.id, lease_token=c.lease_token, state=JobState.FAILED, error=ERROR),
+    ]
+    assert engine.record_outcomes(outcomes, using="default", now=at(1)) == {a.id, c.id}
+    assert [row(j.id).state for j in (a, b, c)] == [JobState.COMPLETED, JobState.ACTIVE, JobState.FAILED]
+    assert row(a.id).return_value == "a"
+
+
+@db
+def test_record_outcomes_rejects_a_state_that_is_not_an_outcome():
+    make_job()
+    [claimed] = claim()
+    with pytest.raises(ValueError, match="not an outcome state"):
+        record(claimed, JobState.ACTIVE)
+    assert engine.record_outcomes([], using="default") == set()
+
+
+# -- promote ---------------------------------------------------------------------------------
+
+
+@db
+def test_delayed_job_is_not_claimed_until_promoted():
+    job = make_job(now=at(0), run_after=at(60))
+    assert row(job.id).state == JobState.DELAYED
+    assert claim(now=at(120)) == []
+    assert engine.promote_due_jobs(using="default", limit=10, now=at(59)) == 0
+    assert row(job.id).state == JobState.DELAYED
+    assert engine.promote_due_jobs(using="default", limit=10, now=at(61)) == 1
+    assert [c.id for c in claim(now=at(61))] == [job.id]
+
+
+@db
+@pytest.mark.usefixtures("nested_loop_plans")
+def test_promote_moves_at_most_limit_jobs_earliest_first():
+    jobs = [make_job(now=at(0), run_after=at(10 + i)) for i in range(5)]
+    assert engine.promote_due_jobs(using="default", limit=2, now=at(100)) == 2
+    assert {j.id for j in jobs if row(j.id).state == JobState.WAITING} == {jobs[0].id, jobs[1].id}
+    assert engine.promote_due_jobs(using="default", limit=10, now=at(100)) == 3
+
+
+# -- rescue ----------------------------------------------------------------------------------
+
+
+def rescue(now: datetime, max_stalled: int = 1) -> tuple[int, int]:
+    return engine.rescue_stalled_jobs(using="default", max_stalled=max_stalled, limit=100, now=now)
+
+
+@db
+def test_rescue_leaves_jobs_whose_lease_has_not_expired():
+    make_job()
+    [claimed] = claim(now=at(0))
+    assert rescue(now=at(LEASE - 1)) == (0, 0)
+    assert row(claimed.id).state == JobState.ACTIVE
+
+
+@db
+def test_rescue_requeues_an_expired_job_then_fails_it_when_it_stalls_again():
+    make_job()
+    [first] = claim(worker_id="dead-1", now=at(0))
+    assert rescue(now=at(LEASE + 1)) == (1, 0)
+    stored = row(first.id)
+    assert stored.state == JobState.WAITING
+    assert stored.stalled_count == 1
+    assert stored.attempts == 0, "the interrupted attempt is taken back"
+    assert stored.lease_token is None and stored.lease_expires_at is None
+    assert stored.finished_at is None and stored.errors == []
+
+    [second] = claim(worker_id="dead-2", now=at(40))
+    assert second.attempts == 1
+    assert rescue(now=at(40 + LEASE + 1)) == (0, 1)
+    stored = row(first.id)
+    assert stored.state == JobState.FAILED
+    assert stored.stalled_count == 2
+    assert stored.finished_at == at(40 + LEASE + 1)
+    assert [e["exception_class_path"] for e in stored.errors] == ["django_jobs.exceptions.JobStalled"]
+    assert "MAX_STALLED=1" in stored.errors[0]["traceback"]
+
+
+@db
+@pytest.mark.usefixtures("nested_loop_plans")
+def test_rescue_handles_at_most_limit_jobs_per_call():
+    for i in range(5):
+        make_job(now=at(i))
+    claim(now=at(0))
+    assert engine.rescue_stalled_jobs(using="default", max_stalled=1, limit=2, now=at(LEASE + 1)) == (2, 0)
+    assert Job.objects.filter(state=JobState.WAITING).count() == 2
+
+
+@db
+def test_rescue_with_max_stalled_zero_fails_at_the_first_stall():
+    make_job()
+    [claimed] = claim(now=at(0))
+    assert rescue(now=at(LEASE + 1), max_stalled=0) == (0, 1)
+    assert row(claimed.id).state == JobState.FAILED
+
+
+@db
+def test_late_outcome_of_a_rescued_job_is_dropped():
+    make_job()
+    [claimed] = claim(now=at(0))
+    rescue(now=at(LEASE + 1))
+    before = snapshot(claimed.id)
+    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(LEASE + 2)) == set()
+    assert snapshot(claimed.id) == before
+
+
+# -- release and renew -----------------------------------------------------------------------
+
+
+@db
+def test_release_returns_a_workers_active_jobs_and_takes_the_attempt_back():
+    make_job(queue="mine", now=at(0))
+    make_job(queue="mine", now=at(1))
+    make_job(queue="theirs", now=at(2))
+    mine = claim(worker_id="w1", queues=["mine"], now=at(5))
+    [theirs] = claim(worker_id="w2", queues=["theirs"], now=at(5))
+    assert len(mine) == 2
+    assert engine.release_jobs(using="default", worker_id="w1") == 2
+    for claimed in mine:
+        stored = row(claimed.id)
+        assert stored.state == JobState.WAITING
+        assert stored.attempts == 0
+        assert stored.worker_ids == []
+        assert stored.started_at is None
+        assert stored.lease_token is None and stored.lease_expires_at is None
+    assert row(theirs.id).state == JobState.ACTIVE
+    again = claim(worker_id="w3", now=at(6))
+    assert {c.id for c in again} == {c.id for c in mine}
+    assert all(c.attempts == 1 and c.worker_ids == ["w3"] for c in again)
+
+
+@db
+def test_release_of_a_retry_keeps_the_earlier_attempts():
+    make_job(max_attempts=3)
+    [first] = claim(worker_id="w1", now=at(0))
+    record(first, JobState.WAITING, error=ERROR, now=at(1))
+    claim(worker_id="w2", now=at(2))
+    assert engine.release_jobs(using="default", worker_id="w2") == 1
+    stored = row(first.id)
+    assert (stored.attempts, stored.worker_ids, stored.started_at) == (1, ["w1"], at(0))
+
+
+@db
+def test_release_of_given_job_ids_leaves_the_others_active():
+    for i in range(3):
+        make_job(now=at(i))
+    a, b, c = claim(worker_id="w1")
+    assert engine.release_jobs(using="default", worker_id="w1", job_ids=[b.id]) == 1
+    assert [row(j.id).state for j in (a, b, c)] == [JobState.ACTIVE, JobState.WAITING, JobState.ACTIVE]
+    assert engine.release_jobs(using="default", worker_id="w1", job_ids=[]) == 0
+    assert engine.release_jobs(using="default", worker_id="w2", job_ids=[a.id]) == 0, "not w2's job"
+    assert row(a.id).state == JobState.ACTIVE
+
+
+@db
+def test_renew_extends_only_that_workers_active_leases():
+    for queue in ("mine", "theirs", "finished"):
+        make_job(queue=queue)
+    [mine] = claim(worker_id="w1", queues=["mine"], now=at(0))
+    [theirs] = claim(worker_id="w2", queues=["theirs"], now=at(0))
+    [finished] = claim(worker_id="w1", queues=["finished"], now=at(0))
+    record(finished, JobState.COMPLETED, return_value_json="null", now=at(1))
+    assert engine.renew_leases(using="default", worker_id="w1", lease_seconds=LEASE, now=at(20)) == 1
+    assert row(mine.id).lease_expires_at == at(20 + LEASE)
+    assert row(theirs.id).lease_expires_at == at(LEASE)
+    assert row(finished.id).lease_expires_at is None
+    assert rescue(now=at(LEASE + 1)) == (1, 0), "only the unrenewed lease expired"
+    assert row(mine.id).state == JobState.ACTIVE
+
+
+# -- the engine stays inside the state machine -----------------------------------------------
+
+
+@db
+def test_every_engine_transition_is_in_the_transition_table():
+    seen: set[tuple[str, str]] = set()
+
+    def states() -> dict:
+        return dict(Job.objects.values_list("id", "state"))
+
+    def step(action):
+        before = states()
+        action()
+        after = states()
+        seen.update((before[i], after[i]) for i in before if before[i] != after[i])
+
+    jobs = [make_job(now=at(i), max_attempts=3) for i in range(5)]
+    make_job(now=at(0), run_after=at(50))
+    step(lambda: claim(worker_id="w1", limit=5, now=at(10)))
+    claimed = dict(Job.objects.filter(state=JobState.ACTIVE).values_list("id", "lease_token"))
+    outcomes = [
+        engine.Outcome(job_id=jobs[0].id, lease_token=claimed[jobs[0].id], state=JobState.COMPLETED),
+        engine.Outcome(job_id=jobs[1].id, lease_token=claimed[jobs[1].id], state=JobState.FAILED, error=ERROR),
+        engine.Outcome(
+            job_id=jobs[2].id, lease_token=claimed[jobs[2].id], state=JobState.DELAYED, available_at=at(20), error=ERROR
+        ),
+        engine.Outcome(job_id=jobs[3].id, lease_token=claimed[jobs[3].id], state=JobState.WAITING, error=ERROR),
+    ]
+    step(lambda: engine.record_outcomes(outcomes, using="default", now=at(11)))
+    step(lambda: engine.release_jobs(using="default", worker_id="w1"))
+    step(lambda: engine.promote_due_jobs(using="default", limit=10, now=at(60)))
+    step(lambda: claim(worker_id="w2", limit=1, now=at(61)))
+    step(lambda: rescue(now=at(61 + LEASE + 1), max_stalled=0))
+    assert seen, "the steps changed states"
+    assert seen <= TRANSITIONS, seen - TRANSITIONS
+
+
+# -- row locks and concurrency ---------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@committing
+def test_claim_skips_a_row_locked_by_another_connection():
+    jobs = [make_job(now=at(i)) for i in range(3)]
+    other = connections.create_connection("default")
+    assert other.settings_dict["NAME"] == connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '5s'")  # a blocking claim fails instead of hanging
+    try:
+        with other.cursor() as cursor:
+            other.set_autocommit(False)
+            cursor.execute("SELECT id FROM django_jobs_job WHERE id = %s FOR UPDATE", [jobs[0].id])
+            claimed = claim(worker_id="w1", limit=10, now=at(10))
+            assert [c.id for c in claimed] == [jobs[1].id, jobs[2].id]
+            other.rollback()
+        assert [c.id for c in claim(worker_id="w2", limit=10, now=at(11))] == [jobs[0].id]
+    finally:
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+
+def run_concurrently(thread_count: int, target) -> list:
+    """Run ``target(i)`` in ``thread_count`` threads started together; return results, re-raise errors."""
+    barrier = threading.Barrier(thread_count)
+    results: list = [None] * thread_count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(10)
+            results[i] = target(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(thread_count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a claiming thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@committing
+def test_concurrent_claimers_take_every_job_exactly_once():
+    thread_count, job_count = 8, 400
+    Job.objects.bulk_create(
+        [Job(task_path="tests.tasks.noop", queue="default", available_at=T0, enqueued_at=T0) for _ in range(job_count)]
+    )
+
+    def drain(i: int) -> list[uuid.UUID]:
+        worker_id = f"thread-{i}"
+        taken: list[uuid.UUID] = []
+        while batch := engine.claim_jobs(
+            using="default", queues=["default"], limit=10, worker_id=worker_id, lease_seconds=LEASE
+        ):
+            taken += [c.id for c in batch]
+            outcomes = [
+                engine.Outcome(job_id=c.id, lease_token=c.lease_token, state=JobState.COMPLETED, return_value_json="1")
+                for c in batch
+            ]
+            assert engine.record_outcomes(outcomes, using="default") == {c.id for c in batch}
+        return taken
+
+    per_thread = run_concurrently(thread_count, drain)
+    taken = [job_id for ids in per_thread for job_id in ids]
+    assert len(taken) == job_count
+    assert len(set(taken)) == job_count, "a job was claimed twice"
+    assert set(taken) == set(Job.objects.values_list("id", flat=True))
+    assert Job.objects.exclude(state=JobState.COMPLETED).count() == 0
+    assert Job.objects.exclude(attempts=1).count() == 0
+    for i, ids in enumerate(per_thread):
+        assert all(
+            worker_ids == [f"thread-{i}"]
+            for worker_ids in Job.objects.filter(id__in=ids).values_list("worker_ids", flat=True)
+        )
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+PARTIAL_INDEXES = (
+    "django_jobs_ready_idx",
+    "django_jobs_delayed_idx",
+    "django_jobs_active_idx",
+    "django_jobs_finished_idx",
+)
+
+
+def index_definitions() -> dict[str, str]:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'django_jobs_job'")
+        else:
+            cursor.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'django_jobs_job'")
+        return {name: sql or "" for name, sql in cursor.fetchall()}
+
+
+@db
+def test_hot_path_indexes_are_partial():
+    definitions = index_definitions()
+    for name in PARTIAL_INDEXES:
+        assert name in definitions, f"{name} missing; have {sorted(definitions)}"
+        assert "WHERE" in definitions[name].upper(), definitions[name]
+    assert "'waiting'" in definitions["django_jobs_ready_idx"]
+    assert "'delayed'" in definitions["django_jobs_delayed_idx"]
+    assert "'active'" in definitions["django_jobs_active_idx"]
+
+
+@pytest.mark.postgres
+@db
+def test_ready_index_matches_the_claim_order_on_postgresql():
+    definition = index_definitions()["django_jobs_ready_idx"]
+    assert "(queue, priority DESC, available_at, id)" in definition
+    assert "WHERE ((state)::text = 'waiting'::text)" in definition
+
+
+@db
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("priority", 101), ("priority", -101), ("max_attempts", 0), ("state", "'running'")],
+)
+def test_check_constraints_reject_out_of_range_values(column, value):
+    job = make_job()
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE django_jobs_job SET {column} = {value} WHERE id = %s",
+            [Job._meta.pk.get_db_prep_value(job.id, connection)],
+        )
+    stored = row(job.id)
+    assert (stored.priority, stored.max_attempts, stored.state) == (0, 1, JobState.WAITING)
+
+
+@db
+def test_priority_at_the_bounds_is_allowed():
+    job = make_job()
+    for value in (100, -100):
+        Job.objects.filter(id=job.id).update(priority=value)
+        assert row(job.id).priority == value
+
+
+@db
+def test_models_and_migrations_are_in_step(capsys):
+    call_command("makemigrations", "--check", "--dry-run", verbosity=1)
+    assert "No changes detected" in capsys.readouterr().out
