@@ -21,7 +21,6 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
-from . import engine
 from .backoff import validate_backoff
 from .conf import get_settings
 from .exceptions import InvalidQueueName, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
@@ -42,7 +41,7 @@ class _JobTaskMeta(type):
         if unknown:
             raise TypeError(
                 f"Unknown task option(s) {', '.join(sorted(unknown))}. django-jobs tasks accept: "
-                f"{', '.join(sorted(allowed - {'func'}))}."
+                f"{', '.join(sorted(allowed - {'func', 'run_after'}))} (and run_after in .using())."
             )
         return super().__call__(*args, **kwargs)
 
@@ -104,7 +103,14 @@ def validate_queue_name(name: Any) -> None:
 
 def check_json(value: Any, where: str) -> None:
     """Raise InvalidTaskArguments naming ``where`` unless ``value`` survives a JSON round trip."""
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidTaskArguments(
+                f"{where} contains a NUL character (\\x00), which PostgreSQL cannot store in JSON; remove it "
+                "or pass the data base64-encoded."
+            )
+        return
+    if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -120,6 +126,7 @@ def check_json(value: Any, where: str) -> None:
                 raise InvalidTaskArguments(
                     f"{where} has a {type(key).__name__} key {key!r}; JSON object keys must be strings."
                 )
+            check_json(key, f"a key of {where}")
             check_json(item, f"{where}[{key!r}]")
         return
     hint = {
@@ -191,6 +198,8 @@ class JobsBackend(BaseTaskBackend):
         backoff = getattr(task, "backoff", None)
         if backoff is not None:
             options["backoff"] = list(backoff) if isinstance(backoff, tuple) else backoff
+        from . import engine  # models load lazily, so E001 can report a missing app
+
         job = engine.insert_job(
             using=self.database,
             backend=self.alias,

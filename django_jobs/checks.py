@@ -15,7 +15,7 @@ from django.core import checks
 
 from .db import MIN_POSTGRESQL, MIN_SQLITE, sqlite_version
 
-SUPPORTED_ENGINES = ("postgresql", "sqlite3")
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
 
 def check_backend(backend: Any) -> list[checks.CheckMessage]:
@@ -34,9 +34,18 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                 id="django_jobs.E001",
             )
         )
-    from .conf import SETTING_NAMES
+    from .conf import GLOBAL_ONLY, SETTING_NAMES
 
-    unknown = sorted(set(settings.TASKS.get(backend.alias, {}).get("OPTIONS") or {}) - SETTING_NAMES)
+    option_keys = set(settings.TASKS.get(backend.alias, {}).get("OPTIONS") or {})
+    unknown = sorted(option_keys - SETTING_NAMES)
+    for key in sorted(option_keys & GLOBAL_ONLY):
+        errors.append(
+            checks.Error(
+                f"{where}: OPTIONS[{key!r}] concerns every backend of the process and is ignored here.",
+                hint=f"Set {key} in DJANGO_JOBS instead.",
+                id="django_jobs.E002",
+            )
+        )
     if unknown:
         errors.append(
             checks.Error(
@@ -64,7 +73,7 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
         )
     else:
         engine = settings.DATABASES[conf.DATABASE].get("ENGINE", "")
-        if not any(engine.endswith(f".{v}") for v in SUPPORTED_ENGINES):
+        if _vendor_of(conf.DATABASE, engine) not in SUPPORTED_VENDORS:
             errors.append(
                 checks.Error(
                     f"{where}: database {conf.DATABASE!r} uses {engine!r}, which django-jobs does not support.",
@@ -82,6 +91,20 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                 )
             )
     return errors
+
+
+def _vendor_of(alias: str, engine: str) -> str:
+    """The vendor of a database without connecting (PostGIS counts as PostgreSQL)."""
+    from django.db import connections
+
+    if "postgresql" in engine or "postgis" in engine:
+        return "postgresql"
+    if "sqlite" in engine or "spatialite" in engine:
+        return "sqlite"
+    try:  # a custom backend: ask its wrapper (imports the driver, does not connect)
+        return connections[alias].vendor
+    except Exception:  # noqa: BLE001 - driver missing or alias unknown: unsupported either way
+        return engine
 
 
 @checks.register(checks.Tags.database)

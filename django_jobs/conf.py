@@ -53,7 +53,11 @@ class JobsSettings:
 
     def validate(self) -> list[str]:
         """Return a list of human-readable problems (empty when valid)."""
+        import re
+
         problems = []
+        if not isinstance(self.NOTIFY_CHANNEL, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}$", self.NOTIFY_CHANNEL):
+            problems.append("NOTIFY_CHANNEL must be a lower-case SQL identifier (letters, digits, '_').")
         if not isinstance(self.MAX_ATTEMPTS, int) or self.MAX_ATTEMPTS < 1:
             problems.append("MAX_ATTEMPTS must be an integer >= 1.")
         if not _positive(self.LEASE_SECONDS) or self.LEASE_SECONDS < 1:
@@ -81,6 +85,8 @@ def _positive(value: Any) -> bool:
 
 
 SETTING_NAMES = frozenset(f.name for f in fields(JobsSettings))
+#: Settings that concern the whole process, not one backend: only DJANGO_JOBS may set them.
+GLOBAL_ONLY = frozenset({"NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS"})
 
 
 @functools.cache

@@ -184,9 +184,11 @@ def claim_jobs(
     limit: int,
     worker_id: str,
     lease_seconds: float,
+    backend: str | None = None,
     now: datetime | None = None,
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``.
+    """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``;
+    with ``backend``, only jobs enqueued through that TASKS alias.
 
     One statement: select the ready ids in claim order, locking only those rows and skipping
     rows another worker holds (``FOR UPDATE SKIP LOCKED``; on SQLite the statement holds the
@@ -200,11 +202,18 @@ def claim_jobs(
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
     where = ["state = 'waiting'"]
     where_params: list[Any] = []
-    if queues:
+    # One queue: an equality, so the database walks django_jobs_ready_queue_idx in claim order.
+    # All queues: it walks django_jobs_ready_idx in claim order. Several: the planner's choice.
+    if queues and len(queues) == 1:
+        where.append("queue = %s")
+        where_params.append(queues[0])
+    elif queues:
         sql, params = d.in_list("queue", queues)
         where.append(sql)
         where_params += params
-    # The ORDER BY matches django_jobs_ready_idx so the database walks the index in order.
+    if backend is not None:
+        where.append("backend = %s")
+        where_params.append(backend)
     select_ids = (
         f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(where)} "
         f"ORDER BY priority DESC, available_at, id LIMIT %s {d.skip_locked()}"
@@ -402,6 +411,7 @@ def rescue_stalled_jobs(*, using: str, max_stalled: int, limit: int, now: dateti
         f"UPDATE {JOB_TABLE} SET stalled_count = stalled_count + 1, "
         f"state = CASE WHEN {fail} THEN 'failed' ELSE 'waiting' END, "
         f"attempts = CASE WHEN {fail} THEN attempts ELSE attempts - 1 END, "
+        f"worker_ids = CASE WHEN {fail} THEN worker_ids ELSE {d.json_pop('worker_ids')} END, "
         f"errors = CASE WHEN {fail} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} ELSE errors END, "
         f"finished_at = CASE WHEN {fail} THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "

@@ -39,6 +39,10 @@ class NonJSONReturnValue(JobsError):
     """The task returned a value that is not JSON; return str, int, float, bool, None, list or dict."""
 
 
+class OutcomeNotStored(JobsError):
+    """The database refused to store the job's outcome (for example its return value)."""
+
+
 class JobStalled(JobsError):
     """The job's worker stopped renewing its lease too many times (it crashed or was killed)."""
 

@@ -5,6 +5,7 @@ a result needs attempts (the worker has its own tests)."""
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -610,3 +611,16 @@ def test_return_value_none_is_distinguished_from_not_finished():
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "kwargs", "where"),
+    [(["a\x00b"], {}, "args[0]"), ([], {"k": {"x\x00": 1}}, "a key of kwargs['k']")],
+)
+def test_nul_characters_are_rejected_naming_the_argument(args, kwargs, where):
+    from django_jobs.exceptions import InvalidTaskArguments
+
+    with pytest.raises(InvalidTaskArguments, match=re.escape(where)):
+        tasks.echo.enqueue(*args, **kwargs)
+    assert not Job.objects.exists()

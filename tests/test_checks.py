@@ -157,3 +157,20 @@ def test_every_problem_is_reported_at_once():
         messages = backend(queues=["bad name"]).check()
     assert sorted(ids(messages)) == ["django_jobs.E002", "django_jobs.E002", "django_jobs.E003", "django_jobs.W001"]
     assert_hinted(messages)
+
+
+@pytest.mark.parametrize("key", ["NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS"])
+def test_process_wide_setting_in_backend_options_is_e002(key):
+    value = {"NOTIFY_CHANNEL": "other", "SQLITE_WAL": False, "SQLITE_BUSY_TIMEOUT_MS": 10}[key]
+    tasks_setting = {"default": {"BACKEND": BACKEND, "QUEUES": [], "OPTIONS": {key: value}}}
+    with override_settings(TASKS=tasks_setting):
+        messages = task_backends["default"].check()
+    assert ids(messages) == ["django_jobs.E002"]
+    assert "DJANGO_JOBS" in messages[0].hint
+
+
+def test_invalid_notify_channel_is_e002():
+    with override_settings(DJANGO_JOBS={"NOTIFY_CHANNEL": "Bad-Channel"}):
+        messages = task_backends["default"].check()
+    assert ids(messages) == ["django_jobs.E002"]
+    assert "NOTIFY_CHANNEL" in messages[0].msg

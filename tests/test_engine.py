@@ -356,11 +356,12 @@ def test_rescue_requeues_an_expired_job_then_fails_it_when_it_stalls_again():
     assert stored.state == JobState.WAITING
     assert stored.stalled_count == 1
     assert stored.attempts == 0, "the interrupted attempt is taken back"
+    assert stored.worker_ids == [], "with its worker id, so attempt counts agree"
     assert stored.lease_token is None and stored.lease_expires_at is None
     assert stored.finished_at is None and stored.errors == []
 
     [second] = claim(worker_id="dead-2", now=at(40))
-    assert second.attempts == 1
+    assert second.attempts == 1 and second.worker_ids == ["dead-2"]
     assert rescue(now=at(40 + LEASE + 1)) == (0, 1)
     stored = row(first.id)
     assert stored.state == JobState.FAILED
@@ -617,10 +618,12 @@ def test_hot_path_indexes_are_partial():
 
 @pytest.mark.postgres
 @db
-def test_ready_index_matches_the_claim_order_on_postgresql():
-    definition = index_definitions()["django_jobs_ready_idx"]
-    assert "(queue, priority DESC, available_at, id)" in definition
-    assert "WHERE ((state)::text = 'waiting'::text)" in definition
+def test_ready_indexes_match_the_claim_order_on_postgresql():
+    definitions = index_definitions()
+    assert "(priority DESC, available_at, id)" in definitions["django_jobs_ready_idx"]
+    assert "(queue, priority DESC, available_at, id)" in definitions["django_jobs_ready_queue_idx"]
+    for name in ("django_jobs_ready_idx", "django_jobs_ready_queue_idx"):
+        assert "WHERE ((state)::text = 'waiting'::text)" in definitions[name]
 
 
 @db
@@ -651,3 +654,32 @@ def test_priority_at_the_bounds_is_allowed():
 def test_models_and_migrations_are_in_step(capsys):
     call_command("makemigrations", "--check", "--dry-run", verbosity=1)
     assert "No changes detected" in capsys.readouterr().out
+
+
+@db
+def test_claim_with_a_backend_takes_only_that_backends_jobs():
+    mine = make_job()
+    other = engine.insert_job(
+        using="default",
+        backend="limited",
+        task_path="tests.tasks.noop",
+        queue="default",
+        priority=0,
+        args=[],
+        kwargs={},
+        max_attempts=1,
+        options={},
+        now=T0,
+    )
+    claimed = engine.claim_jobs(
+        using="default", queues=None, limit=10, worker_id="w1", lease_seconds=LEASE, backend="default", now=T0
+    )
+    assert [j.id for j in claimed] == [mine.id]
+    assert row(other.id).state == JobState.WAITING
+
+
+@db
+def test_claim_of_a_single_queue_takes_only_that_queue():
+    make_job(queue="a")
+    b = make_job(queue="b")
+    assert [j.id for j in claim(queues=["b"])] == [b.id]

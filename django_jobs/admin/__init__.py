@@ -32,6 +32,10 @@ class JobAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        # Jobs change state through the engine only; admin actions arrive with the admin issue.
+        return False
+
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):

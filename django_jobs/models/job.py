@@ -51,7 +51,8 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0)
     #: When the job may run: enqueue time, ``run_after``, or the end of a retry's backoff.
     available_at = models.DateTimeField()
-    #: Per-job options resolved at enqueue (backoff, and what later features add).
+    #: Per-job options given at enqueue (backoff, and what later features add); settings fill
+    #: in what is missing when the worker needs it.
     options = models.JSONField(default=dict, blank=True)
 
     attempts = models.PositiveIntegerField(default=0)
@@ -92,10 +93,16 @@ class Job(models.Model):
         db_table = "django_jobs_job"
         ordering = ("-enqueued_at",)
         indexes = [
-            # The ready set in claim order. Only waiting rows, so it stays small.
+            # The ready set in claim order. Only waiting rows, so it stays small. Workers of all
+            # queues walk the first; workers of one queue the second.
+            models.Index(
+                fields=["-priority", "available_at", "id"],
+                name="django_jobs_ready_idx",
+                condition=Q(state="waiting"),
+            ),
             models.Index(
                 fields=["queue", "-priority", "available_at", "id"],
-                name="django_jobs_ready_idx",
+                name="django_jobs_ready_queue_idx",
                 condition=Q(state="waiting"),
             ),
             # Delayed jobs by due time (the promoter).

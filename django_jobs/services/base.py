@@ -48,5 +48,9 @@ class Service:
         counts = self.run_once()
         if any(counts.values()):
             logger.info("%s: %s", self.name, counts)
-        service_ran.send(sender=type(self), service=self.name, counts=counts, worker_id=self.worker_id)
+        for receiver, response in service_ran.send_robust(
+            sender=type(self), service=self.name, counts=counts, worker_id=self.worker_id
+        ):
+            if isinstance(response, Exception):
+                logger.error("service_ran receiver %r raised", receiver, exc_info=response)
         return counts

@@ -11,6 +11,8 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .. import engine
+from ..db import TRANSIENT_ERRORS
+from ..states import JobState
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -63,6 +65,34 @@ class Completer(threading.Thread):
                 self.pending(),
             )
 
+    def _write_each(self, batch: list[engine.Outcome]) -> set[Any]:
+        written: set[Any] = set()
+        for outcome in batch:
+            try:
+                written |= engine.record_outcomes([outcome], using=self.using)
+                continue
+            except DatabaseError as exc:
+                error = exc
+            # The database refused this outcome: record that as the attempt's failure instead.
+            failed = engine.Outcome(
+                job_id=outcome.job_id,
+                lease_token=outcome.lease_token,
+                state=JobState.FAILED,
+                error={
+                    "exception_class_path": "django_jobs.exceptions.OutcomeNotStored",
+                    "traceback": f"django_jobs.exceptions.OutcomeNotStored: the database refused the job's "
+                    f"outcome ({outcome.state}): {type(error).__name__}: {error}\n",
+                },
+            )
+            try:
+                written |= engine.record_outcomes([failed], using=self.using)
+                outcome.state = JobState.FAILED
+            except DatabaseError:
+                logger.exception(
+                    "Could not record job %s at all; its lease will expire and it runs again.", outcome.job_id
+                )
+        return written
+
     def run(self) -> None:
         failures = 0
         while True:
@@ -79,7 +109,7 @@ class Completer(threading.Thread):
                     written = engine.record_outcomes(batch, using=self.using)
                     failures = 0
                     break
-                except DatabaseError as exc:
+                except TRANSIENT_ERRORS as exc:
                     failures += 1
                     if self._abandon:
                         return
@@ -89,6 +119,11 @@ class Completer(threading.Thread):
                     except Exception:  # noqa: BLE001
                         pass
                     threading.Event().wait(min(5.0, 0.05 * 2 ** min(failures, 8)) * random.uniform(0.5, 1.0))
+                except DatabaseError as exc:
+                    # One bad row (say, a value the database refuses) must not block the others.
+                    logger.error("Writing %d outcome(s) failed (%s); writing them one by one.", len(batch), exc)
+                    written = self._write_each(batch)
+                    break
             with self._cond:
                 self._writing = 0
                 self._cond.notify_all()

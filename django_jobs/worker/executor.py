@@ -91,7 +91,7 @@ class Executor:
             )
         backend_cls = _backend_class(job.backend)
         result = self._result(job, task, TaskResultStatus.RUNNING, job.errors)
-        task_started.send(sender=backend_cls, task_result=result)
+        _send(task_started, backend_cls, result)
         try:
             value = self._call(task, job, result)
             try:
@@ -107,12 +107,12 @@ class Executor:
             status = TaskResultStatus.FAILED if outcome.state == JobState.FAILED else TaskResultStatus.READY
             done = self._result(job, task, status, errors)
             object.__setattr__(done, "finished_at", timezone.now() if status == TaskResultStatus.FAILED else None)
-            task_finished.send(sender=backend_cls, task_result=done)
+            _send(task_finished, backend_cls, done)
             return outcome
         done = self._result(job, task, TaskResultStatus.SUCCESSFUL, job.errors)
         object.__setattr__(done, "finished_at", timezone.now())
         object.__setattr__(done, "_return_value", value)
-        task_finished.send(sender=backend_cls, task_result=done)
+        _send(task_finished, backend_cls, done)
         return Outcome(
             job_id=job.id, lease_token=job.lease_token, state=JobState.COMPLETED, return_value_json=value_json
         )
@@ -155,6 +155,13 @@ class Executor:
             error=error,
             available_at=timezone.now() + timedelta(seconds=delay),
         )
+
+
+def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
+    """Send a task signal; a receiver that raises is logged, never fails or repeats the job."""
+    for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
+        if isinstance(response, Exception):
+            logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response)
 
 
 _backend_classes: dict[str, type] = {}

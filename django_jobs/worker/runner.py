@@ -51,6 +51,10 @@ class InvalidWorkerOption(JobsError, ValueError):
     """A worker option has an invalid value."""
 
 
+class WorkerCrashed(JobsError):
+    """The worker met a database error that retrying cannot fix."""
+
+
 @dataclass
 class WorkerStats:
     completed: int = 0
@@ -203,15 +207,15 @@ class Worker:
             ",".join(self.queues or ["*"]),
             self.concurrency,
         )
-        worker_started.send(
-            sender=type(self), worker_id=self.worker_id, queues=self.queues, concurrency=self.concurrency
+        _send_robust(
+            worker_started, type(self), worker_id=self.worker_id, queues=self.queues, concurrency=self.concurrency
         )
         self._start_threads()
         try:
             self._produce()
         finally:
             self._shutdown()
-        worker_stopped.send(sender=type(self), worker_id=self.worker_id, stats=self.stats)
+        _send_robust(worker_stopped, type(self), worker_id=self.worker_id, stats=self.stats)
         return self.stats
 
     # -- producer -------------------------------------------------------------------------------
@@ -243,12 +247,19 @@ class Worker:
                     limit=free,
                     worker_id=self.worker_id,
                     lease_seconds=self.settings.LEASE_SECONDS,
+                    backend=self.backend,
                 )
                 failures = 0
-            except DatabaseError as exc:
+            except TRANSIENT_ERRORS as exc:
                 failures += 1
                 self._db_trouble("claim", exc, failures)
                 continue
+            except DatabaseError as exc:
+                # Not a dropped connection or a busy database: retrying would spin forever.
+                raise WorkerCrashed(
+                    f"Claiming jobs failed with {type(exc).__name__}: {exc}. Is the database migrated "
+                    "(`manage.py migrate`) and reachable with these settings?"
+                ) from exc
             if jobs:
                 with self._slots:
                     self._inflight += len(jobs)
@@ -303,7 +314,7 @@ class Worker:
         while True:
             try:
                 return fn()
-            except DatabaseError as exc:
+            except TRANSIENT_ERRORS as exc:
                 failures += 1
                 if self._stopping.is_set() and failures > 3:
                     raise
@@ -405,7 +416,7 @@ class Worker:
                     from datetime import timedelta
 
                     leader = engine.leader_id(
-                        using=self.using, backend=self.backend, alive_within=timedelta(seconds=2 * s.LEASE_SECONDS)
+                        using=self.using, backend=self.backend, alive_within=timedelta(seconds=s.LEASE_SECONDS)
                     )
                     is_leader = leader == self.worker_id
                     next_leader_check = now + min(s.RESCUE_INTERVAL, renew_every)
@@ -439,7 +450,7 @@ class Worker:
         if connections[self.using].vendor == "postgresql":
             self._listener = Listener(
                 using=self.using,
-                channel=self.settings.NOTIFY_CHANNEL,
+                channel=get_settings().NOTIFY_CHANNEL,
                 queues=self.queues,
                 wake=self._wake,
                 stopping=self._stopping,
@@ -517,6 +528,12 @@ def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f"{low}..{high}" if high is not None else f">= {low}"
         raise InvalidWorkerOption(f"{name} must be an integer {allowed}; got {value!r}.")
+
+
+def _send_robust(signal: Any, sender: type, **kwargs: Any) -> None:
+    for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error("Signal receiver %r raised", receiver, exc_info=response)
 
 
 def _close_connection(using: str) -> None:

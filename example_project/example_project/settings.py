@@ -65,7 +65,15 @@ if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": database_from_url(os.environ["DATABASE_URL"])}
 else:
     # django-jobs switches this file to WAL and sets a busy timeout itself.
-    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}}
+    # IMMEDIATE transactions take the write lock up front, so a transaction that reads and then
+    # writes waits its turn instead of failing with "database is locked".
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "db.sqlite3",
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        }
+    }
 
 TASKS = {
     "default": {
