@@ -158,9 +158,3 @@ def context_details(context) -> dict:
         "is_last_attempt": context.is_last_attempt,
     }
 
-
-@task
-def fails_once_marked(path: str, key) -> str:
-    """Raises (no retry); records that it ran."""
-    record(path, key=key, event="fail", pid=os.getpid())
-    raise LookupError(f"{key} fails")

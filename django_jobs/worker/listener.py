@@ -51,7 +51,8 @@ class Listener(threading.Thread):
                 failures = 0
                 self.wake.set()  # we may have missed notifications while (re)connecting
                 while not self.stopping.is_set():
-                    for note in raw.notifies(timeout=1.0):
+                    # A short timeout so that stop() is noticed quickly.
+                    for note in raw.notifies(timeout=0.2):
                         if self.queues is None or note.payload in self.queues:
                             self.wake.set()
                         if self.stopping.is_set():

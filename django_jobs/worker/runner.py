@@ -129,7 +129,10 @@ class Worker:
         if queues is not None and "*" in queues:
             queues = None
         for name in queues or ():
-            validate_queue_name(name)
+            try:
+                validate_queue_name(name)
+            except JobsError as exc:
+                raise InvalidWorkerOption(str(exc)) from None
         if queues is not None and not queues:
             raise InvalidWorkerOption("queues must name at least one queue, or be None/'*' for all.")
         _require_int("concurrency", concurrency, 1, 1000)
@@ -281,7 +284,9 @@ class Worker:
         if self._completer.pending():
             return False
         try:
-            qs = Job.objects.using(self.using).filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.ACTIVE])
+            qs = Job.objects.using(self.using).filter(
+                backend=self.backend, state__in=[JobState.WAITING, JobState.DELAYED, JobState.ACTIVE]
+            )
             if self.queues:
                 qs = qs.filter(queue__in=self.queues)
             return not qs.exists()
