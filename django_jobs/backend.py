@@ -176,6 +176,7 @@ class JobsBackend(BaseTaskBackend):
         for i, value in enumerate(args):
             check_json(value, f"args[{i}]")
         for key, value in kwargs.items():
+            check_json(key, "a keyword argument name")
             check_json(value, f"kwargs[{key!r}]")
         size = len(json.dumps(args, ensure_ascii=False).encode()) + len(json.dumps(kwargs, ensure_ascii=False).encode())
         cap = self.settings.MAX_PAYLOAD_BYTES

@@ -21,8 +21,22 @@ SUPPORTED_VENDORS = ("postgresql", "sqlite")
 MIN_POSTGRESQL = 13  # gen_random_uuid() in core
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
 
-#: Errors worth retrying: the connection dropped, or the database was briefly busy.
+#: Error classes that may be worth retrying: the connection dropped, or the database was busy.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+
+# SQLite reports a missing table as an OperationalError too; that one no retry will fix.
+_PERMANENT_MESSAGES = ("no such table", "no such column", "syntax error", "has no column named")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors a retry can fix: a dropped connection, a busy or locked database, a
+    serialization failure or deadlock (PostgreSQL reports those as OperationalError too)."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    message = str(exc).lower()
+    return not any(m in message for m in _PERMANENT_MESSAGES)
 
 
 def vendor(using: str) -> str:

@@ -370,34 +370,43 @@ def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datet
 # -- services -------------------------------------------------------------------------------
 
 
-def promote_due_jobs(*, using: str, limit: int, now: datetime | None = None) -> int:
-    """Move up to ``limit`` delayed jobs whose time has come to ``waiting``; return how many."""
+def promote_due_jobs(*, using: str, limit: int, backend: str | None = None, now: datetime | None = None) -> int:
+    """Move up to ``limit`` delayed jobs whose time has come (of ``backend``, or all) to
+    ``waiting``; return how many."""
     d = Dialect(using)
     now_sql, now_params = d.now(now)
+    scope, scope_params = _backend_scope(backend)
     sql = (
         f"UPDATE {JOB_TABLE} SET state = 'waiting' WHERE "
         + d.id_in(
-            f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql} "
+            f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql}{scope} "
             f"ORDER BY available_at LIMIT %s {d.skip_locked()}"
         )
         + " AND state = 'delayed' RETURNING queue"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*now_params, limit])
+        cursor.execute(sql, [*now_params, *scope_params, limit])
         rows = cursor.fetchall()
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
 
 
-def rescue_stalled_jobs(*, using: str, max_stalled: int, limit: int, now: datetime | None = None) -> tuple[int, int]:
+def _backend_scope(backend: str | None) -> tuple[str, list[Any]]:
+    return (" AND backend = %s", [backend]) if backend is not None else ("", [])
+
+
+def rescue_stalled_jobs(
+    *, using: str, max_stalled: int, limit: int, backend: str | None = None, now: datetime | None = None
+) -> tuple[int, int]:
     """Handle active jobs whose lease expired (their worker died or hung).
 
     A job that stalled at most ``max_stalled`` times goes back to ``waiting`` (the interrupted
     attempt is not counted; ``stalled_count`` is); one that stalled more is ``failed`` with a
-    ``JobStalled`` error. Returns ``(requeued, failed)``.
+    ``JobStalled`` error. Only jobs of ``backend`` when given. Returns ``(requeued, failed)``.
     """
     d = Dialect(using)
     now_sql, now_params = d.now(now)
+    scope, scope_params = _backend_scope(backend)
     error = {
         "exception_class_path": "django_jobs.exceptions.JobStalled",
         "traceback": (
@@ -412,17 +421,18 @@ def rescue_stalled_jobs(*, using: str, max_stalled: int, limit: int, now: dateti
         f"state = CASE WHEN {fail} THEN 'failed' ELSE 'waiting' END, "
         f"attempts = CASE WHEN {fail} THEN attempts ELSE attempts - 1 END, "
         f"worker_ids = CASE WHEN {fail} THEN worker_ids ELSE {d.json_pop('worker_ids')} END, "
+        f"started_at = CASE WHEN {fail} OR attempts > 1 THEN started_at ELSE NULL END, "
         f"errors = CASE WHEN {fail} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} ELSE errors END, "
         f"finished_at = CASE WHEN {fail} THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         "WHERE "
         + d.id_in(
-            f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql} "
+            f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql}{scope} "
             f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}"
         )
         + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, state"
     )
-    params = [json.dumps(error), *now_params, *now_params, limit, *now_params]
+    params = [json.dumps(error), *now_params, *now_params, *scope_params, limit, *now_params]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -473,9 +483,14 @@ def unregister_worker(*, using: str, worker_id: str) -> None:
     Worker.objects.using(using).filter(id=worker_id).delete()
 
 
-def remove_dead_workers(*, using: str, older_than: timedelta, now: datetime | None = None) -> int:
+def remove_dead_workers(
+    *, using: str, older_than: timedelta, backend: str | None = None, now: datetime | None = None
+) -> int:
     cutoff = (now or timezone.now()) - older_than
-    deleted, _ = Worker.objects.using(using).filter(heartbeat_at__lt=cutoff).delete()
+    qs = Worker.objects.using(using).filter(heartbeat_at__lt=cutoff)
+    if backend is not None:
+        qs = qs.filter(backend=backend)
+    deleted, _ = qs.delete()
     return deleted
 
 

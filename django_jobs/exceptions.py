@@ -43,6 +43,10 @@ class OutcomeNotStored(JobsError):
     """The database refused to store the job's outcome (for example its return value)."""
 
 
+class WorkerCrashed(JobsError):
+    """The worker met a database error that retrying cannot fix; is the database migrated?"""
+
+
 class JobStalled(JobsError):
     """The job's worker stopped renewing its lease too many times (it crashed or was killed)."""
 

@@ -157,4 +157,3 @@ def context_details(context) -> dict:
         "max_attempts": context.max_attempts,
         "is_last_attempt": context.is_last_attempt,
     }
-

@@ -590,6 +590,7 @@ def test_concurrent_claimers_take_every_job_exactly_once():
 
 PARTIAL_INDEXES = (
     "django_jobs_ready_idx",
+    "django_jobs_ready_queue_idx",
     "django_jobs_delayed_idx",
     "django_jobs_active_idx",
     "django_jobs_finished_idx",

@@ -454,3 +454,39 @@ def test_bad_queue_name_is_rejected_by_the_worker():
 def test_star_means_every_queue_and_queue_names_are_deduplicated():
     assert Worker(queues=["*"]).queues is None
     assert Worker(queues=["b", "a", "b"]).queues == ["a", "b"]
+
+
+def test_unmigrated_database_stops_the_worker_with_a_clear_error(thread_worker):
+    from django.db import connection
+
+    from django_jobs.exceptions import WorkerCrashed
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE django_jobs_job RENAME TO django_jobs_job_away")
+    try:
+        worker = thread_worker(concurrency=1)
+        worker.thread.join(30)
+        assert not worker.thread.is_alive(), "a permanent database error must stop the worker, not spin"
+        assert isinstance(worker.error, WorkerCrashed)
+        assert "migrate" in str(worker.error)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE django_jobs_job_away RENAME TO django_jobs_job")
+
+
+def test_a_raising_signal_receiver_neither_fails_nor_repeats_the_job(thread_worker, probe):
+    from django.tasks.signals import task_started
+
+    def explode(sender, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    task_started.connect(explode)
+    try:
+        result = tasks.mark.enqueue(probe, "once")
+        worker = thread_worker(concurrency=1, stop_when_empty=True)
+        worker.join()
+    finally:
+        task_started.disconnect(explode)
+    result.refresh()
+    assert result.status == "SUCCESSFUL"
+    assert [r["key"] for r in read_records(probe)] == ["once"]

@@ -1,4 +1,5 @@
-"""Read-only admin for jobs, workers and queues (dashboards and actions arrive with the admin issue)."""
+"""Admin for jobs and workers (read-only) and queue settings; dashboards and actions arrive with
+the admin issue."""
 
 from django.contrib import admin
 
@@ -42,6 +43,9 @@ class WorkerAdmin(admin.ModelAdmin):
     list_display = ("id", "hostname", "pid", "concurrency", "started_at", "heartbeat_at")
 
     def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
     def has_change_permission(self, request, obj=None):

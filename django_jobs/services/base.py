@@ -23,13 +23,17 @@ class Service:
     name: ClassVar[str] = "service"
     leader_only: ClassVar[bool] = False
 
-    def __init__(self, *, using: str, settings: JobsSettings, interval: float, worker_id: str = ""):
+    def __init__(
+        self, *, using: str, settings: JobsSettings, interval: float, worker_id: str = "", backend: str | None = None
+    ):
+        """``backend``: act only on jobs and workers of that TASKS alias (``None``: all)."""
         if interval <= 0:
             raise ValueError(f"{type(self).__name__}: interval must be > 0 seconds, got {interval!r}.")
         self.using = using
         self.settings = settings
         self.interval = interval
         self.worker_id = worker_id
+        self.backend = backend
         self._next = 0.0
 
     def run_once(self, now: datetime | None = None) -> dict[str, int]:

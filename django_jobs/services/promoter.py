@@ -15,7 +15,9 @@ class Promoter(Service):
     def run_once(self, now: datetime | None = None) -> dict[str, int]:
         total = 0
         while True:
-            n = engine.promote_due_jobs(using=self.using, limit=self.settings.SERVICE_BATCH_SIZE, now=now)
+            n = engine.promote_due_jobs(
+                using=self.using, limit=self.settings.SERVICE_BATCH_SIZE, backend=self.backend, now=now
+            )
             total += n
             if n < self.settings.SERVICE_BATCH_SIZE:
                 return {"promoted": total}

@@ -20,6 +20,7 @@ class Rescuer(Service):
                 using=self.using,
                 max_stalled=self.settings.MAX_STALLED,
                 limit=self.settings.SERVICE_BATCH_SIZE,
+                backend=self.backend,
                 now=now,
             )
             requeued += r
@@ -36,6 +37,9 @@ class Reaper(Service):
 
     def run_once(self, now: datetime | None = None) -> dict[str, int]:
         removed = engine.remove_dead_workers(
-            using=self.using, older_than=timedelta(seconds=3 * self.settings.LEASE_SECONDS), now=now
+            using=self.using,
+            older_than=timedelta(seconds=3 * self.settings.LEASE_SECONDS),
+            backend=self.backend,
+            now=now,
         )
         return {"removed_workers": removed}

@@ -33,26 +33,27 @@ from django.utils.crypto import get_random_string
 
 from .. import engine
 from ..conf import get_settings
-from ..db import TRANSIENT_ERRORS
-from ..exceptions import JobsError
+from ..db import is_transient
+from ..exceptions import JobsError, WorkerCrashed
 from ..models import Job
 from ..services import Promoter, Reaper, Rescuer
 from ..signals import worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
 from .executor import Executor
-from .listener import Listener
+from .listener import CHANNEL_RE, Listener
 
 logger = logging.getLogger("django_jobs.worker")
 job_logger = logging.getLogger("django_jobs.worker.jobs")
 
+#: While the queue has a backlog, the producer waits up to this long for running jobs to finish
+#: before it claims, so one claim (a round trip and a commit, about a millisecond) fills several
+#: slots instead of one each; short jobs finish within it, long ones barely notice it.
+CLAIM_LINGER = 0.002
+
 
 class InvalidWorkerOption(JobsError, ValueError):
     """A worker option has an invalid value."""
-
-
-class WorkerCrashed(JobsError):
-    """The worker met a database error that retrying cannot fix."""
 
 
 @dataclass
@@ -157,6 +158,10 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         if len(self.worker_id) > 200:
             raise InvalidWorkerOption("worker_id must be at most 200 characters.")
+        if not CHANNEL_RE.match(get_settings().NOTIFY_CHANNEL):
+            raise InvalidWorkerOption(
+                f"NOTIFY_CHANNEL must be a lower-case SQL identifier; got {get_settings().NOTIFY_CHANNEL!r}."
+            )
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
 
@@ -174,6 +179,7 @@ class Worker:
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._threads: list[threading.Thread] = []
         self._signals_seen = 0
+        self._crash: WorkerCrashed | None = None
         self._first_signal_at = 0.0
 
     # -- public ---------------------------------------------------------------------------------
@@ -218,6 +224,8 @@ class Worker:
             self._produce()
         finally:
             self._shutdown()
+        if self._crash is not None:
+            raise self._crash
         _send_robust(worker_stopped, type(self), worker_id=self.worker_id, stats=self.stats)
         return self.stats
 
@@ -226,6 +234,7 @@ class Worker:
     def _produce(self) -> None:
         deadline = time.monotonic() + self.max_time if self.max_time else None
         failures = 0
+        backlog = False  # the last claim filled every free slot: more jobs are probably ready
         while not self._stopping.is_set():
             if deadline and time.monotonic() >= deadline:
                 logger.info("Worker %s: --max-time reached.", self.worker_id)
@@ -233,6 +242,12 @@ class Worker:
             with self._slots:
                 while self._inflight >= self.concurrency and not self._stopping.is_set():
                     self._slots.wait(timeout=1.0)
+                linger_until = time.monotonic() + CLAIM_LINGER
+                while backlog and self._inflight and not self._stopping.is_set():
+                    remaining = linger_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._slots.wait(remaining)
                 free = self.concurrency - self._inflight
             if self._stopping.is_set():
                 break
@@ -253,24 +268,23 @@ class Worker:
                     backend=self.backend,
                 )
                 failures = 0
-            except TRANSIENT_ERRORS as exc:
+            except DatabaseError as exc:
+                if not is_transient(exc):
+                    # Not a dropped connection or a busy database: retrying would spin forever.
+                    raise _crashed("claiming jobs", exc) from exc
                 failures += 1
                 self._db_trouble("claim", exc, failures)
                 continue
-            except DatabaseError as exc:
-                # Not a dropped connection or a busy database: retrying would spin forever.
-                raise WorkerCrashed(
-                    f"Claiming jobs failed with {type(exc).__name__}: {exc}. Is the database migrated "
-                    "(`manage.py migrate`) and reachable with these settings?"
-                ) from exc
             if jobs:
                 with self._slots:
                     self._inflight += len(jobs)
                 self._claimed_total += len(jobs)
                 for job in jobs:
                     self._jobs.put(job)
-                if len(jobs) == free:
+                backlog = len(jobs) == free
+                if backlog:
                     continue
+            backlog = False
             if self.stop_when_empty and self._nothing_left():
                 logger.info("Worker %s: queues are empty, stopping.", self.worker_id)
                 break
@@ -291,6 +305,8 @@ class Worker:
                 qs = qs.filter(queue__in=self.queues)
             return not qs.exists()
         except DatabaseError as exc:
+            if not is_transient(exc):
+                raise _crashed("checking for remaining jobs", exc) from exc
             self._db_trouble("emptiness check", exc, 1)
             return False
 
@@ -301,9 +317,7 @@ class Worker:
         logger.info("Worker %s: --max-jobs reached.", self.worker_id)
 
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
-        level = logging.WARNING if isinstance(exc, TRANSIENT_ERRORS) else logging.ERROR
-        logger.log(
-            level,
+        logger.warning(
             "Worker %s: %s failed (%s: %s); retrying.",
             self.worker_id,
             what,
@@ -319,7 +333,9 @@ class Worker:
         while True:
             try:
                 return fn()
-            except TRANSIENT_ERRORS as exc:
+            except DatabaseError as exc:
+                if not is_transient(exc):
+                    raise _crashed("registering the worker", exc) from exc
                 failures += 1
                 if self._stopping.is_set() and failures > 3:
                     raise
@@ -364,7 +380,11 @@ class Worker:
                 self._completer.submit(outcome)
             with self._slots:
                 self._inflight -= 1
-                self._slots.notify()
+                # Only the producer waits on _slots: for a first free slot, or (lingering, shutting
+                # down, --max-jobs) for all of them. Waking it for each job would cost a thread
+                # switch per job.
+                if self._inflight == self.concurrency - 1 or not self._inflight:
+                    self._slots.notify()
 
     def _on_written(self, outcomes: list[engine.Outcome], written: set[Any]) -> None:
         for o in outcomes:
@@ -392,12 +412,16 @@ class Worker:
         s = self.settings
         renew_every = s.LEASE_SECONDS / 3
         next_renew = time.monotonic() + renew_every
+        common: dict[str, Any] = {
+            "using": self.using,
+            "settings": s,
+            "worker_id": self.worker_id,
+            "backend": self.backend,
+        }
         services = [
-            Promoter(using=self.using, settings=s, interval=s.PROMOTE_INTERVAL, worker_id=self.worker_id),
-            Rescuer(using=self.using, settings=s, interval=s.RESCUE_INTERVAL, worker_id=self.worker_id),
-            Reaper(
-                using=self.using, settings=s, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS), worker_id=self.worker_id
-            ),
+            Promoter(**common, interval=s.PROMOTE_INTERVAL),
+            Rescuer(**common, interval=s.RESCUE_INTERVAL),
+            Reaper(**common, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS)),
         ]
         is_leader = False
         next_leader_check = 0.0
@@ -433,6 +457,12 @@ class Worker:
                         self._wake.set()
                 failures = 0
             except DatabaseError as exc:
+                if not is_transient(exc):
+                    # Without lease renewals our jobs would be rescued under us: stop the worker.
+                    self._crash = _crashed("maintenance", exc)
+                    logger.error("Worker %s: %s", self.worker_id, self._crash)
+                    self.stop()
+                    break
                 failures += 1
                 self._db_trouble("maintenance", exc, failures)
         _close_connection(self.using)
@@ -533,6 +563,13 @@ def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f"{low}..{high}" if high is not None else f">= {low}"
         raise InvalidWorkerOption(f"{name} must be an integer {allowed}; got {value!r}.")
+
+
+def _crashed(what: str, exc: BaseException) -> WorkerCrashed:
+    return WorkerCrashed(
+        f"{what} failed with {type(exc).__name__}: {str(exc).strip()}. Retrying cannot fix this; is the "
+        "database migrated (`manage.py migrate`) and reachable with these settings?"
+    )
 
 
 def _send_robust(signal: Any, sender: type, **kwargs: Any) -> None:

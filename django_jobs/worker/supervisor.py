@@ -15,6 +15,10 @@ from django.db import connections
 logger = logging.getLogger("django_jobs.worker")
 
 
+#: A child exits with this when restarting it cannot help (the database is not migrated...).
+EXIT_FATAL = 3
+
+
 def supervise(processes: int, run_child: Callable[[int], int], *, restart_delay: float = 1.0) -> int:
     """Run ``run_child(index)`` in ``processes`` forked children until they exit by themselves
     (stop-when-empty, max-jobs, max-time) or a signal stops them. Returns the exit status."""
@@ -62,6 +66,11 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart_delay:
         if index is None:
             continue
         code = os.waitstatus_to_exitcode(raw)
+        if code == EXIT_FATAL and not stopping["signals"]:
+            logger.error("Worker process %d (pid %d) cannot work (see above); stopping all workers.", index, pid)
+            status = EXIT_FATAL
+            forward(signal.SIGTERM, None)
+            continue
         if stopping["signals"] or code == 0:
             status = status or (0 if code == 0 else 1)
             continue

@@ -9,7 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checks import check_worker_processes
-from ...exceptions import JobsError
+from ...exceptions import JobsError, WorkerCrashed
+from ...worker.supervisor import EXIT_FATAL
 
 
 def _positive_float(name: str, raw: str) -> float:
@@ -105,13 +106,20 @@ class Command(BaseCommand):
             p = problems[0]
             raise CommandError(f"{p.id}: {p.msg} {p.hint}")
         if processes == 1:
-            stats = worker.run()
+            try:
+                stats = worker.run()
+            except WorkerCrashed as exc:
+                raise CommandError(str(exc)) from None
             self.stdout.write(stats.summary())
             return
         from ...worker.supervisor import supervise
 
         def run_child(index: int) -> int:
-            stats = make(None).run()
+            try:
+                stats = make(None).run()
+            except WorkerCrashed as exc:
+                self.stderr.write(f"[process {index}] {exc}")
+                return EXIT_FATAL
             self.stdout.write(f"[process {index}] {stats.summary()}")
             return 0
 
