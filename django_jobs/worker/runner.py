@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -200,16 +201,7 @@ class Worker:
         if self.handle_signals:
             self._install_signal_handlers()
         self.stats = WorkerStats()
-        self._retry_db(
-            lambda: engine.register_worker(
-                using=self.using,
-                worker_id=self.worker_id,
-                backend=self.backend,
-                queues=self.queues,
-                concurrency=self.concurrency,
-                pid=os.getpid(),
-            )
-        )
+        self._retry_db(self._register)
         logger.info(
             "Worker %s started: queues=%s concurrency=%d",
             self.worker_id,
@@ -290,6 +282,16 @@ class Worker:
                 break
             if not jobs:
                 self._wake.wait(timeout=self.sleep * random.uniform(0.75, 1.25))
+
+    def _register(self) -> None:
+        engine.register_worker(
+            using=self.using,
+            worker_id=self.worker_id,
+            backend=self.backend,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            pid=os.getpid(),
+        )
 
     def _nothing_left(self) -> bool:
         with self._slots:
@@ -432,18 +434,9 @@ class Worker:
                 if now >= next_renew:
                     engine.renew_leases(using=self.using, worker_id=self.worker_id, lease_seconds=s.LEASE_SECONDS)
                     if not engine.heartbeat_worker(using=self.using, worker_id=self.worker_id):
-                        engine.register_worker(
-                            using=self.using,
-                            worker_id=self.worker_id,
-                            backend=self.backend,
-                            queues=self.queues,
-                            concurrency=self.concurrency,
-                            pid=os.getpid(),
-                        )
+                        self._register()  # the reaper took us for dead; come back
                     next_renew = now + renew_every
                 if now >= next_leader_check:
-                    from datetime import timedelta
-
                     leader = engine.leader_id(
                         using=self.using, backend=self.backend, alive_within=timedelta(seconds=s.LEASE_SECONDS)
                     )
