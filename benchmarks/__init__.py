@@ -1,0 +1,1 @@
+"""Benchmarks against a real PostgreSQL; run ``make bench`` (see docs/benchmarks.md)."""

@@ -1,0 +1,25 @@
+"""Settings for the benchmark: its own PostgreSQL database (``jobs_bench`` by default).
+
+``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the server, ``JOBS_BENCH_DB`` the database.
+Worker subprocesses started by ``benchmarks/throughput.py`` use this module too.
+"""
+
+import os
+
+SECRET_KEY = "benchmarks-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_jobs"]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("JOBS_BENCH_DB", "jobs_bench"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("PGPORT", "5432"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+    }
+}
+TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}}}
+DJANGO_JOBS = {"MAX_ATTEMPTS": 1}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
