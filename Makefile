@@ -11,7 +11,7 @@ test:
 
 lint: venv
 	.venv/bin/python -m ruff check .
-	.venv/bin/python -m ruff format --check .
+	.venv/bin/python -m ruff format --check django_jobs tests benchmarks example_project
 
 bench: venv
 	scripts/ensure_postgres.sh
