@@ -186,14 +186,15 @@ def _insert_sql_cached(pg: bool, notify: bool) -> str:
 
 def _insert_sql(d: Dialect, *, notify: bool) -> str:
     """The INSERT of :func:`insert_job`, written once per vendor: enqueue is a hot path and
-    compiling Django's 30-column insert costs more than the database's work."""
+    compiling Django's 32-column insert costs more than the database's work."""
     return _insert_sql_cached(d.pg, notify)
 
 
 def _first_notify_in_transaction(conn: Any, queue: str) -> bool:
     """True when a NOTIFY for ``queue`` should ride on this statement: always in autocommit,
     once per queue inside a transaction (PostgreSQL delivers them on commit)."""
-    if not conn.in_atomic_block:
+    if not conn.in_atomic_block or conn.savepoint_ids:
+        # Inside a savepoint the NOTIFY may be rolled back with it: always send, never remember.
         return True
     sent = _sent_in_transaction(conn)
     if queue in sent:
@@ -212,7 +213,7 @@ def notify(using: str, queues: list[str]) -> None:
     from .conf import get_settings
 
     channel = get_settings().NOTIFY_CHANNEL
-    if conn.in_atomic_block:
+    if conn.in_atomic_block and not conn.savepoint_ids:
         sent = _sent_in_transaction(conn)
         queues = [q for q in queues if q not in sent]
         if not queues:

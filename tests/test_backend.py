@@ -624,3 +624,41 @@ def test_nul_characters_are_rejected_naming_the_argument(args, kwargs, where):
     with pytest.raises(InvalidTaskArguments, match=re.escape(where)):
         tasks.echo.enqueue(*args, **kwargs)
     assert not Job.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_after_a_rolled_back_savepoint_still_notifies():
+    """A NOTIFY sent inside a savepoint that rolls back is discarded by PostgreSQL, so the next
+    enqueue of that queue in the transaction must notify again."""
+    import threading
+
+    from django.db import connections
+
+    listener = connections.create_connection("default")
+    listener.ensure_connection()
+    listener.connection.autocommit = True
+    listener.connection.execute("LISTEN django_jobs")
+    received: list[str] = []
+
+    def listen():
+        for note in listener.connection.notifies(timeout=3.0, stop_after=2):
+            received.append(note.payload)
+
+    try:
+        with transaction.atomic():
+            tasks.noop.using(queue_name="outer").enqueue()
+            try:
+                with transaction.atomic():
+                    tasks.noop.using(queue_name="sp").enqueue()
+                    raise RuntimeError("roll the savepoint back")
+            except RuntimeError:
+                pass
+            tasks.noop.using(queue_name="sp").enqueue()
+        thread = threading.Thread(target=listen)
+        thread.start()
+        thread.join(5)
+    finally:
+        listener.close()
+    assert sorted(received) == ["outer", "sp"]
+    assert Job.objects.filter(queue="sp").count() == 1

@@ -159,10 +159,9 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         if len(self.worker_id) > 200:
             raise InvalidWorkerOption("worker_id must be at most 200 characters.")
-        if not CHANNEL_RE.match(get_settings().NOTIFY_CHANNEL):
-            raise InvalidWorkerOption(
-                f"NOTIFY_CHANNEL must be a lower-case SQL identifier; got {get_settings().NOTIFY_CHANNEL!r}."
-            )
+        channel = get_settings().NOTIFY_CHANNEL
+        if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
+            raise InvalidWorkerOption(f"NOTIFY_CHANNEL must be a lower-case SQL identifier; got {channel!r}.")
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
 
@@ -560,7 +559,7 @@ def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
 
 def _crashed(what: str, exc: BaseException) -> WorkerCrashed:
     return WorkerCrashed(
-        f"{what} failed with {type(exc).__name__}: {str(exc).strip()}. Retrying cannot fix this; is the "
+        f"{what[:1].upper()}{what[1:]} failed with {type(exc).__name__}: {str(exc).strip()}. Retrying cannot fix this; is the "
         "database migrated (`manage.py migrate`) and reachable with these settings?"
     )
 
