@@ -157,3 +157,11 @@ def context_details(context) -> dict:
         "max_attempts": context.max_attempts,
         "is_last_attempt": context.is_last_attempt,
     }
+
+
+@task
+def exits():
+    """Calls sys.exit(): recorded as the attempt's failure, never kills or loops the worker."""
+    import sys
+
+    sys.exit(3)

@@ -490,3 +490,16 @@ def test_a_raising_signal_receiver_neither_fails_nor_repeats_the_job(thread_work
     result.refresh()
     assert result.status == "SUCCESSFUL"
     assert [r["key"] for r in read_records(probe)] == ["once"]
+
+
+def test_a_task_calling_sys_exit_fails_once_and_the_worker_goes_on(thread_worker, probe):
+    bad = tasks.exits.enqueue()
+    good = tasks.mark.enqueue(probe, "after")
+    stats = thread_worker(concurrency=1, stop_when_empty=True).join()
+    bad.refresh()
+    good.refresh()
+    assert bad.status == "FAILED"
+    assert [e.exception_class_path for e in bad.errors] == ["builtins.SystemExit"]
+    assert len(bad.worker_ids) == 1, "recorded once, not released and re-run"
+    assert good.status == "SUCCESSFUL"
+    assert (stats.completed, stats.failed) == (1, 1)

@@ -80,8 +80,8 @@ class Executor:
         )
 
     def execute(self, job: ClaimedJob) -> Outcome:
-        """Run one attempt of ``job`` and say what it came to. Never raises (but for
-        KeyboardInterrupt/SystemExit, which belong to the process)."""
+        """Run one attempt of ``job`` and say what it came to. Never raises but for
+        KeyboardInterrupt; a task's SystemExit is recorded like any other error."""
         try:
             task = self._task_for(job)
         except TaskNotFound as exc:
@@ -99,9 +99,9 @@ class Executor:
                 value_json = json.dumps(value, allow_nan=False)
             except InvalidTaskArguments as exc:
                 raise NonJSONReturnValue(f"{task.module_path} returned a value that is not JSON: {exc}") from None
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             raise
-        except BaseException as exc:  # noqa: BLE001 - a task's failure, whatever it is, is recorded
+        except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
             outcome = self._failure(job, exc)
             errors = [*job.errors, outcome.error]
             status = TaskResultStatus.FAILED if outcome.state == JobState.FAILED else TaskResultStatus.READY

@@ -41,7 +41,7 @@ from ..services import Promoter, Reaper, Rescuer
 from ..signals import worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Executor
+from .executor import Executor, error_record
 from .listener import CHANNEL_RE, Listener
 
 logger = logging.getLogger("django_jobs.worker")
@@ -354,31 +354,28 @@ class Worker:
             t0 = time.perf_counter()
             try:
                 outcome = self._executor.execute(job)
-            except BaseException:  # KeyboardInterrupt/SystemExit from user code: release the job
-                logger.exception("Job %s interrupted; releasing it.", job.id)
-                outcome = None
+            except BaseException as exc:  # noqa: BLE001 - not the task's error (those are outcomes): ours
+                # Fail the job rather than release it, which would run it into the same bug forever.
+                logger.exception("Running job %s failed inside django-jobs; failing the job.", job.id)
+                outcome = engine.Outcome(
+                    job_id=job.id,
+                    lease_token=job.lease_token,
+                    state=JobState.FAILED,
+                    error=error_record(exc, job.attempts),
+                )
             finally:
                 close_old_connections()
-            if outcome is None:
-                engine_release = lambda j=job: engine.release_jobs(  # noqa: E731
-                    using=self.using, worker_id=self.worker_id, job_ids=[j.id]
+            if verbose:
+                job_logger.info(
+                    "%s %s %s attempt %d/%d in %.1f ms",
+                    job.id,
+                    job.task_path,
+                    outcome.state,
+                    job.attempts,
+                    job.max_attempts,
+                    (time.perf_counter() - t0) * 1000,
                 )
-                try:
-                    engine_release()
-                except DatabaseError:
-                    logger.exception("Could not release job %s; its lease will expire.", job.id)
-            else:
-                if verbose:
-                    job_logger.info(
-                        "%s %s %s attempt %d/%d in %.1f ms",
-                        job.id,
-                        job.task_path,
-                        outcome.state,
-                        job.attempts,
-                        job.max_attempts,
-                        (time.perf_counter() - t0) * 1000,
-                    )
-                self._completer.submit(outcome)
+            self._completer.submit(outcome)
             with self._slots:
                 self._inflight -= 1
                 # Only the producer waits on _slots: for a first free slot, or (lingering, shutting
