@@ -2,4 +2,6 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from .exceptions import Fail, Retry, Snooze  # noqa: E402 - the public names, importable without settings
+
+__all__ = ["Fail", "Retry", "Snooze", "__version__"]

@@ -16,7 +16,7 @@ from django.core import checks
 from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
@@ -87,10 +87,28 @@ def validate_job_options(task: Task) -> None:
         raise InvalidTaskOptions(
             f"max_attempts must be an integer >= 1 (or None for the default); got {max_attempts!r}."
         )
+    backoff = getattr(task, "backoff", None)
     try:
-        validate_backoff(getattr(task, "backoff", None))
+        validate_backoff(backoff)
     except ValueError as exc:
         raise InvalidTaskOptions(str(exc)) from None
+    if callable(backoff):
+        backoff_path(backoff)
+
+
+def backoff_path(backoff: Any) -> str:
+    """The dotted path a worker imports a callable backoff from; it must be module-level."""
+    path = f"{getattr(backoff, '__module__', '')}.{getattr(backoff, '__qualname__', '')}"
+    try:
+        found = import_string(path)
+    except ImportError:
+        found = None
+    if found is not backoff:
+        raise InvalidTaskOptions(
+            f"A callable backoff must be a module-level function defined before the task (workers import it "
+            f"by path); {backoff!r} is not importable as {path!r}."
+        )
+    return path
 
 
 def validate_queue_name(name: Any) -> None:
@@ -139,6 +157,24 @@ def check_json(value: Any, where: str) -> None:
         "bytes": "pass base64 text or store the data and pass a key",
     }.get(type(value).__name__, "pass its primary key or a plain dict instead")
     raise InvalidTaskArguments(f"{where} is a {type(value).__name__}, which is not JSON; {hint}.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult(TaskResult):
+    """Django's ``TaskResult`` plus what django-jobs stores beside it: ``progress`` (set by a
+    running task with ``context.set_progress``)."""
+
+    progress: Any = None
+
+    def refresh(self) -> None:
+        fresh = self.task.get_backend().get_result(self.id)
+        for attr in (*TASK_REFRESH_ATTRS, "progress"):
+            object.__setattr__(self, attr, getattr(fresh, attr))
+
+    async def arefresh(self) -> None:
+        fresh = await self.task.get_backend().aget_result(self.id)
+        for attr in (*TASK_REFRESH_ATTRS, "progress"):
+            object.__setattr__(self, attr, getattr(fresh, attr))
 
 
 class JobsBackend(BaseTaskBackend):
@@ -197,7 +233,9 @@ class JobsBackend(BaseTaskBackend):
         max_attempts = getattr(task, "max_attempts", None) or self.settings.MAX_ATTEMPTS
         options: dict[str, Any] = {}
         backoff = getattr(task, "backoff", None)
-        if backoff is not None:
+        if callable(backoff):
+            options["backoff_path"] = backoff_path(backoff)
+        elif backoff is not None:
             options["backoff"] = list(backoff) if isinstance(backoff, tuple) else backoff
         from . import engine  # models load lazily, so E001 can report a missing app
 
@@ -237,7 +275,7 @@ class JobsBackend(BaseTaskBackend):
     def _result_from_job(self, job: Any, task: Task | None = None) -> TaskResult:
         if task is None:
             task = task_for_job(job.task_path, job.backend, job.queue, job.priority)
-        result = TaskResult(
+        result = JobResult(
             task=task,
             id=str(job.id),
             status=to_task_status(job.state),
@@ -252,6 +290,7 @@ class JobsBackend(BaseTaskBackend):
                 TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in job.errors
             ],
             worker_ids=list(job.worker_ids),
+            progress=job.progress,
         )
         object.__setattr__(result, "_return_value", job.return_value)
         return result
@@ -286,4 +325,4 @@ def resolve_task(path: str) -> Task:
     return obj
 
 
-__all__ = ["JobTask", "JobsBackend", "resolve_task", "task_for_job"]
+__all__ = ["JobResult", "JobTask", "JobsBackend", "resolve_task", "task_for_job"]

@@ -9,14 +9,15 @@ from typing import Any
 
 def validate_backoff(value: Any) -> None:
     """Raise ``ValueError`` saying what is allowed when ``value`` is not a backoff form."""
-    if value is None or value == "exponential":
+    if value is None or value == "exponential" or callable(value):
         return
     if _is_seconds(value):
         return
     if isinstance(value, (list, tuple)) and value and all(_is_seconds(v) for v in value):
         return
     raise ValueError(
-        f"backoff must be a number of seconds >= 0, a non-empty list of them, or 'exponential'; got {value!r}."
+        "backoff must be a number of seconds >= 0, a non-empty list of them, 'exponential', or a callable "
+        f"(attempt, exception) -> seconds | None; got {value!r}."
     )
 
 

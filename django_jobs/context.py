@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from django.tasks import TaskContext
+
+from .exceptions import Fail, InvalidTaskArguments, Retry, Snooze
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):
-    """Django's ``TaskContext`` plus the job's coordinates.
+    """Django's ``TaskContext`` plus the job's coordinates and the handler actions.
 
     ``attempt`` (from Django) is the number of this attempt, starting at 1.
     """
@@ -17,7 +22,41 @@ class JobContext(TaskContext):
     job_id: str
     queue: str
     max_attempts: int
+    #: The lease this attempt runs under; writes made through the context are guarded on it.
+    lease_token: uuid.UUID | None = field(default=None, repr=False)
+    database: str = field(default="default", repr=False)
 
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
+
+    def fail(self, error_or_message: BaseException | str | None = None) -> NoReturn:
+        """Fail the job for good now, whatever attempts remain."""
+        raise Fail(error_or_message)
+
+    def retry(self, error: BaseException | str | None = None, delay: float | None = None) -> NoReturn:
+        """Give this attempt up; run again after ``delay`` seconds or the task's backoff. Counts an
+        attempt (with none left, the job fails)."""
+        raise Retry(error=error, delay=delay)
+
+    def snooze(self, seconds: float) -> NoReturn:
+        """Run again after ``seconds`` without counting this attempt."""
+        raise Snooze(seconds)
+
+    def set_progress(self, value: Any) -> bool:
+        """Store progress on the job now: a number 0-100 or a JSON object. Returns False when the
+        job is no longer this attempt's (rescued or cancelled meanwhile)."""
+        from .backend import check_json
+
+        if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+            raise InvalidTaskArguments(f"progress must be a number 0-100 or a dict; got {type(value).__name__}.")
+        if isinstance(value, (int, float)) and not (math.isfinite(value) and 0 <= value <= 100):
+            raise InvalidTaskArguments(f"progress must be between 0 and 100; got {value!r}.")
+        check_json(value, "progress")
+        if self.lease_token is None:  # not run by a worker (a bare TaskContext-like use)
+            return False
+        from . import engine
+
+        return engine.set_progress(
+            using=self.database, job_id=uuid.UUID(self.job_id), lease_token=self.lease_token, value=value
+        )

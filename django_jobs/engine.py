@@ -96,6 +96,8 @@ class Outcome:
     return_value_json: str | None = None
     error: dict[str, Any] | None = None
     available_at: datetime | None = None
+    #: Snooze: take the attempt and its worker id back (the attempt does not count).
+    uncount_attempt: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -344,13 +346,14 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             raise ValueError(f"not an outcome state: {o.state!r}")
     d = Dialect(using)
     now_sql, now_params = d.now(now)
-    row_sql = "({}, {}, {}, {}, {}, {})".format(
+    row_sql = "({}, {}, {}, {}, {}, {}, {})".format(
         d.cast("%s", "uuid"),
         d.cast("%s", "uuid"),
         d.cast("%s", "text"),
         d.cast("%s", "jsonb"),
         d.cast("%s", "jsonb"),
         d.cast("%s", "timestamptz"),
+        d.cast("%s", "integer"),
     )
     values: list[Any] = []
     for o in outcomes:
@@ -361,11 +364,14 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             o.return_value_json,
             json.dumps(o.error) if o.error is not None else None,
             d.dt(o.available_at),
+            1 if o.uncount_attempt else 0,
         ]
     t = JOB_TABLE
     sql = (
-        f"WITH v(id, token, state, rv, err, avail) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
+        f"WITH v(id, token, state, rv, err, avail, uncount) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
         f"UPDATE {t} SET state = v.state, return_value = v.rv, "
+        f"attempts = {t}.attempts - v.uncount, "
+        f"worker_ids = CASE WHEN v.uncount = 1 THEN {d.json_pop(t + '.worker_ids')} ELSE {t}.worker_ids END, "
         f"errors = CASE WHEN v.err IS NULL THEN {t}.errors ELSE {d.json_append(t + '.errors', 'v.err')} END, "
         f"available_at = COALESCE(v.avail, {t}.available_at), "
         f"finished_at = CASE WHEN v.state IN ('completed', 'failed') THEN {now_sql} ELSE NULL END, "
@@ -419,6 +425,16 @@ def release_jobs(
         rows = cursor.fetchall()
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
+
+
+def set_progress(*, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, value: Any) -> bool:
+    """Store a running job's progress, guarded on its lease; False when it is no longer ours."""
+    return (
+        Job.objects.using(using)
+        .filter(id=job_id, state=JobState.ACTIVE, lease_token=lease_token)
+        .update(progress=value)
+        == 1
+    )
 
 
 def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datetime | None = None) -> int:

@@ -53,3 +53,44 @@ class JobStalled(JobsError):
 
 class DatabaseUnavailable(JobsError):
     """The database could not be reached."""
+
+
+class JobAction(Exception):  # noqa: N818 - these are instructions, not errors
+    """Raised by a task to tell the worker what to do with this attempt. Import the subclasses
+    from ``django_jobs``; ``JobContext.fail/retry/snooze`` raise them for you."""
+
+
+class Fail(JobAction):
+    """Fail the job for good now, whatever attempts remain.
+
+    ``Fail("message")`` records the message; ``Fail(exc)`` records that exception as the error.
+    """
+
+    def __init__(self, error_or_message: BaseException | str | None = None):
+        self.error = error_or_message if isinstance(error_or_message, BaseException) else None
+        super().__init__(str(error_or_message) if error_or_message is not None else "failed by the task")
+
+
+class Retry(JobAction):
+    """Give this attempt up and run again after ``delay`` seconds (default: the task's backoff).
+
+    Counts as a failed attempt: with no attempts left the job fails. ``error`` (an exception or a
+    message) is what the attempt records.
+    """
+
+    def __init__(self, error: BaseException | str | None = None, delay: float | None = None):
+        if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0):
+            raise ValueError(f"Retry delay must be a number of seconds >= 0 or None; got {delay!r}.")
+        self.error = error if isinstance(error, BaseException) else None
+        self.delay = delay
+        super().__init__(str(error) if error is not None else "retry requested by the task")
+
+
+class Snooze(JobAction):
+    """Run the job again after ``seconds`` without counting this attempt (Oban's snooze)."""
+
+    def __init__(self, seconds: float):
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
+            raise ValueError(f"Snooze needs a number of seconds > 0; got {seconds!r}.")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {seconds}s")

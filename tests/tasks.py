@@ -165,3 +165,64 @@ def exits():
     import sys
 
     sys.exit(3)
+
+
+# -- handler actions (issue 3) ---------------------------------------------------------------
+
+
+def stop_after_two(attempt, exc):
+    """A callable backoff: retry at once after attempt 1, stop after attempt 2."""
+    return None if attempt >= 2 else 0
+
+
+@task(takes_context=True, max_attempts=3, backoff=0)
+def acts(context, path: str, action: str):
+    """Records each attempt, then does ``action`` on the first attempt and succeeds after."""
+    from django_jobs import Fail
+
+    record(path, attempt=context.attempt, action=action)
+    first = len(read_records(path)) == 1
+    if action == "fail":
+        context.fail("given up on purpose")
+    if action == "fail-exception":
+        raise Fail(KeyError("missing"))
+    if action == "retry" and first:
+        context.retry("try again", delay=0)
+    if action == "retry-backoff" and first:
+        context.retry()
+    if action == "snooze" and first:
+        context.snooze(0.3)
+    return context.attempt
+
+
+@task(max_attempts=3, backoff=0)
+def raises_action(path: str, action: str):
+    """The same actions as exceptions, for a task without context."""
+    from django_jobs import Fail, Retry, Snooze
+
+    record(path, action=action)
+    first = len(read_records(path)) == 1
+    if action == "fail":
+        raise Fail("no context needed")
+    if action == "retry" and first:
+        raise Retry(delay=0)
+    if action == "snooze" and first:
+        raise Snooze(0.3)
+    return "done"
+
+
+@task(max_attempts=5, backoff=stop_after_two)
+def always_fails_with_callable_backoff(path: str):
+    record(path, event="attempt")
+    raise RuntimeError("still broken")
+
+
+@task(takes_context=True)
+def reports_progress(context, path: str):
+    """Sets progress, then waits (up to 20 s) for the test to create ``path`` + '.go'."""
+    context.set_progress(42)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(path + ".go") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    context.set_progress({"step": "done", "pct": 100})
+    return "ok"

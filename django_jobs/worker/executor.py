@@ -20,13 +20,14 @@ from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from ..backend import JobsBackend, check_json, task_for_job
 from ..backoff import compute_backoff
 from ..conf import get_settings
 from ..context import JobContext
 from ..engine import ClaimedJob, Outcome
-from ..exceptions import InvalidTaskArguments, NonJSONReturnValue, TaskNotFound
+from ..exceptions import Fail, InvalidTaskArguments, NonJSONReturnValue, Retry, Snooze, TaskNotFound
 from ..states import JobState
 
 logger = logging.getLogger("django_jobs.worker")
@@ -103,7 +104,7 @@ class Executor:
             raise
         except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
             outcome = self._failure(job, exc)
-            errors = [*job.errors, outcome.error]
+            errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
             status = TaskResultStatus.FAILED if outcome.state == JobState.FAILED else TaskResultStatus.READY
             done = self._result(job, task, status, errors)
             object.__setattr__(done, "finished_at", timezone.now() if status == TaskResultStatus.FAILED else None)
@@ -120,9 +121,15 @@ class Executor:
     def _call(self, task: Task, job: ClaimedJob, result: TaskResult) -> Any:
         args = list(job.args)
         if task.takes_context:
-            args.insert(
-                0, JobContext(task_result=result, job_id=str(job.id), queue=job.queue, max_attempts=job.max_attempts)
+            context = JobContext(
+                task_result=result,
+                job_id=str(job.id),
+                queue=job.queue,
+                max_attempts=job.max_attempts,
+                lease_token=job.lease_token,
+                database=get_settings(job.backend).DATABASE,
             )
+            args.insert(0, context)
         if iscoroutinefunction(task.func):
             # Async tasks share the worker's event loop; this thread holds the job's slot.
             future = asyncio.run_coroutine_threadsafe(task.func(*args, **job.kwargs), self._loop_getter())
@@ -130,31 +137,58 @@ class Executor:
         return task.func(*args, **job.kwargs)
 
     def _failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
-        error = error_record(exc, job.attempts)
+        """Classify an attempt that raised: Snooze, Fail, Retry, or any other error."""
+        ids = {"job_id": job.id, "lease_token": job.lease_token}
+        if isinstance(exc, Snooze):
+            # Not a failed attempt: the attempt (and its worker id) are taken back.
+            logger.info("Job %s snoozed for %.2fs", job.id, exc.seconds)
+            return Outcome(**ids, state=JobState.DELAYED, uncount_attempt=True,
+                           available_at=timezone.now() + timedelta(seconds=exc.seconds))  # fmt: skip
+        recorded = exc.error if isinstance(exc, (Fail, Retry)) and exc.error is not None else exc
+        error = error_record(recorded, job.attempts)
+        if isinstance(exc, Fail):
+            logger.info("Job %s failed by the task on attempt %d: %s", job.id, job.attempts, exc)
+            return Outcome(**ids, state=JobState.FAILED, error=error)
         if job.attempts >= job.max_attempts:
             logger.info("Job %s failed for good on attempt %d/%d: %r", job.id, job.attempts, job.max_attempts, exc)
-            return Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.FAILED, error=error)
-        conf = get_settings(job.backend)
-        backoff = job.options.get("backoff", conf.BACKOFF)
-        delay = compute_backoff(backoff, job.attempts, base=conf.BACKOFF_BASE, cap=conf.BACKOFF_CAP)
+            return Outcome(**ids, state=JobState.FAILED, error=error)
+        if isinstance(exc, Retry) and exc.delay is not None:
+            delay: float | None = float(exc.delay)
+        else:
+            delay = self._backoff(job, recorded)
+        if delay is None:
+            logger.info("Job %s: its backoff stopped the retries after attempt %d.", job.id, job.attempts)
+            return Outcome(**ids, state=JobState.FAILED, error=error)
         logger.info(
             "Job %s attempt %d/%d failed (%r); retrying in %.2fs", job.id, job.attempts, job.max_attempts, exc, delay
         )
         if delay <= 0:
-            return Outcome(
-                job_id=job.id,
-                lease_token=job.lease_token,
-                state=JobState.WAITING,
-                error=error,
-                available_at=timezone.now(),
-            )
-        return Outcome(
-            job_id=job.id,
-            lease_token=job.lease_token,
-            state=JobState.DELAYED,
-            error=error,
-            available_at=timezone.now() + timedelta(seconds=delay),
-        )
+            return Outcome(**ids, state=JobState.WAITING, error=error, available_at=timezone.now())
+        return Outcome(**ids, state=JobState.DELAYED, error=error,
+                       available_at=timezone.now() + timedelta(seconds=delay))  # fmt: skip
+
+    def _backoff(self, job: ClaimedJob, exc: BaseException) -> float | None:
+        """Seconds before the next attempt, or None when a callable backoff stops retrying."""
+        conf = get_settings(job.backend)
+        path = job.options.get("backoff_path")
+        if path is None:
+            backoff = job.options.get("backoff", conf.BACKOFF)
+            if isinstance(backoff, str) and backoff != "exponential":
+                path = backoff  # a callable BACKOFF setting given as a dotted path
+            else:
+                return compute_backoff(backoff, job.attempts, base=conf.BACKOFF_BASE, cap=conf.BACKOFF_CAP)
+        try:
+            delay = import_string(path)(job.attempts, exc)
+        except Exception:  # noqa: BLE001 - a broken backoff must not lose the job: stop retrying
+            logger.exception("Backoff %s raised for job %s; not retrying.", path, job.id)
+            return None
+        if delay is None:
+            return None
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
+            logger.error("Backoff %s returned %r for job %s (want seconds >= 0 or None); not retrying.",
+                         path, delay, job.id)  # fmt: skip
+            return None
+        return float(delay)
 
 
 def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
