@@ -35,6 +35,10 @@ class JobsSettings:
     LEASE_SECONDS: float = 30.0
     #: A job whose lease expired more than this many times is failed instead of re-queued.
     MAX_STALLED: int = 1
+    #: Most lines ``context.log()`` keeps per job; the last kept line says the log was truncated.
+    LOG_MAX_LINES: int = 1000
+    #: Longest log line kept (characters); longer ones are cut.
+    LOG_MAX_LINE_CHARS: int = 10_000
     #: Largest JSON payload (args + kwargs, UTF-8 bytes) accepted by enqueue.
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     #: Idle poll interval of workers (seconds, jittered); NOTIFY wakes them sooner on PostgreSQL.
@@ -64,6 +68,10 @@ class JobsSettings:
             problems.append("LEASE_SECONDS must be a number >= 1.")
         if not isinstance(self.MAX_STALLED, int) or self.MAX_STALLED < 0:
             problems.append("MAX_STALLED must be an integer >= 0.")
+        for name in ("LOG_MAX_LINES", "LOG_MAX_LINE_CHARS"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be a positive integer.")
         if not isinstance(self.MAX_PAYLOAD_BYTES, int) or self.MAX_PAYLOAD_BYTES < 1:
             problems.append("MAX_PAYLOAD_BYTES must be a positive integer.")
         for name in ("POLL_INTERVAL", "PROMOTE_INTERVAL", "RESCUE_INTERVAL", "BACKOFF_BASE", "BACKOFF_CAP"):

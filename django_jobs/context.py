@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -25,6 +26,8 @@ class JobContext(TaskContext):
     #: The lease this attempt runs under; writes made through the context are guarded on it.
     lease_token: uuid.UUID | None = field(default=None, repr=False)
     database: str = field(default="default", repr=False)
+    # Threads of one attempt append their log lines one at a time, in the order they call log().
+    _log_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
@@ -42,6 +45,25 @@ class JobContext(TaskContext):
     def snooze(self, seconds: float) -> NoReturn:
         """Run again after ``seconds`` without counting this attempt."""
         raise Snooze(seconds)
+
+    def log(self, message: Any) -> bool:
+        """Append a line to the job's log (``JobLog``), in order. Lines beyond ``LOG_MAX_LINES``
+        are dropped; returns False when the line was not stored."""
+        from .conf import get_settings
+
+        if self.lease_token is None:
+            return False
+        from . import engine
+
+        conf = get_settings(self.task_result.backend)
+        with self._log_lock:
+            return engine.append_job_log(
+                using=self.database,
+                job_id=uuid.UUID(self.job_id),
+                lease_token=self.lease_token,
+                line=str(message)[: conf.LOG_MAX_LINE_CHARS],
+                max_lines=conf.LOG_MAX_LINES,
+            )
 
     def set_progress(self, value: Any) -> bool:
         """Store progress on the job now: a number 0-100 or a JSON object. Returns False when the

@@ -30,7 +30,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from .db import Dialect
-from .models import Job, Worker
+from .models import Job, JobLog, Worker
 from .states import JobState
 
 logger = logging.getLogger("django_jobs.engine")
@@ -435,6 +435,53 @@ def set_progress(*, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, value
         .update(progress=value)
         == 1
     )
+
+
+def append_job_log(
+    *,
+    using: str,
+    job_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    line: str,
+    max_lines: int,
+    now: datetime | None = None,
+) -> bool:
+    """Append one line to a running job's log; False when not stored (the job is no longer this
+    attempt's, or its log is full).
+
+    The position is computed by the INSERT itself, so lines of one job keep one order. Writers
+    of one job are serialised (an advisory lock on PostgreSQL, the write lock on SQLite); should
+    two still race for a position, the unique constraint stops one and it retries.
+    The line at position ``max_lines - 1`` is replaced by a truncation notice.
+    """
+    from django.db import IntegrityError
+
+    d = Dialect(using)
+    now = now or timezone.now()
+    log_table = JobLog._meta.db_table
+    notice = f"[django-jobs: log truncated at {max_lines} lines (LOG_MAX_LINES)]"
+    # No leading WITH: Python's sqlite3 reports no rowcount for a statement that starts with one.
+    sql = (
+        f"INSERT INTO {log_table} (job_id, idx, line, created_at) "
+        f"SELECT j.id, nxt.idx, CASE WHEN nxt.idx = %s THEN %s ELSE %s END, %s "
+        f"FROM {JOB_TABLE} j, (SELECT COALESCE(MAX(idx), -1) + 1 AS idx FROM {log_table} WHERE job_id = %s) nxt "
+        f"WHERE j.id = %s AND j.state = 'active' AND j.lease_token = %s AND nxt.idx < %s"
+    )
+    params = [max_lines - 1, notice, line, d.dt(now), d.uuid(job_id), d.uuid(job_id), d.uuid(lease_token), max_lines]
+    # PostgreSQL: writers of one job queue up on a transaction-level advisory lock keyed by the
+    # job, so they do not keep colliding on the unique position (one could starve the other).
+    lock_key = int.from_bytes(job_id.bytes[8:], "big", signed=True)
+    for _ in range(20):
+        try:
+            with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                if d.pg:
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key])
+                cursor.execute(sql, params)
+                return cursor.rowcount == 1
+        except IntegrityError:
+            continue  # another thread of the same job took this position; compute the next one
+    logger.warning("Could not append a log line to job %s after 20 tries; dropped.", job_id)
+    return False
 
 
 def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datetime | None = None) -> int:

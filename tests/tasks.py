@@ -226,3 +226,23 @@ def reports_progress(context, path: str):
         time.sleep(0.02)
     context.set_progress({"step": "done", "pct": 100})
     return "ok"
+
+
+@task(takes_context=True)
+def chatty(context, threads: int, lines: int):
+    """Logs ``lines`` numbered lines from each of ``threads`` threads at once."""
+    import threading
+
+    def write(t):
+        from django.db import connection
+
+        for i in range(lines):
+            context.log(f"t{t} {i}")
+        connection.close()  # each thread had its own connection
+
+    workers = [threading.Thread(target=write, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return threads * lines

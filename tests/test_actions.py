@@ -139,3 +139,17 @@ def test_action_arguments_are_validated(make, message):
 
 def test_fail_message_is_kept():
     assert str(Fail("why")) == "why"
+
+
+def test_a_callable_backoff_setting_applies_to_tasks_without_their_own(thread_worker, probe):
+    from django.test import override_settings
+
+    with override_settings(
+        DJANGO_JOBS={"BACKOFF": tasks.stop_after_two, "POLL_INTERVAL": 0.2, "PROMOTE_INTERVAL": 0.2}
+    ):
+        result = tasks.fail_until.using(max_attempts=5, backoff=None).enqueue(probe, 99)
+        Job.objects.filter(id=result.id).update(options={})  # no task-level backoff stored
+        run_all(thread_worker)
+    result.refresh()
+    assert result.status == "FAILED"
+    assert len(read_records(probe)) == 2, "the setting's callable stopped the retries after attempt 2"

@@ -3,11 +3,24 @@ the admin issue."""
 
 from django.contrib import admin
 
-from ..models import Job, QueueState, Worker
+from ..models import Job, JobLog, QueueState, Worker
+
+
+class JobLogInline(admin.TabularInline):
+    model = JobLog
+    fields = ("idx", "created_at", "line")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("idx",)
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    inlines = [JobLogInline]
     list_display = (
         "id",
         "task_path",

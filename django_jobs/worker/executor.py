@@ -171,22 +171,20 @@ class Executor:
         """Seconds before the next attempt, or None when a callable backoff stops retrying."""
         conf = get_settings(job.backend)
         path = job.options.get("backoff_path")
-        if path is None:
-            backoff = job.options.get("backoff", conf.BACKOFF)
-            if isinstance(backoff, str) and backoff != "exponential":
-                path = backoff  # a callable BACKOFF setting given as a dotted path
-            else:
-                return compute_backoff(backoff, job.attempts, base=conf.BACKOFF_BASE, cap=conf.BACKOFF_CAP)
+        backoff = job.options.get("backoff", conf.BACKOFF)
+        if path is None and not callable(backoff):
+            return compute_backoff(backoff, job.attempts, base=conf.BACKOFF_BASE, cap=conf.BACKOFF_CAP)
         try:
-            delay = import_string(path)(job.attempts, exc)
+            fn = import_string(path) if path is not None else backoff  # a task's, or the BACKOFF setting's
+            delay = fn(job.attempts, exc)
         except Exception:  # noqa: BLE001 - a broken backoff must not lose the job: stop retrying
-            logger.exception("Backoff %s raised for job %s; not retrying.", path, job.id)
+            logger.exception("Backoff %s raised for job %s; not retrying.", path or backoff, job.id)
             return None
         if delay is None:
             return None
         if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
             logger.error("Backoff %s returned %r for job %s (want seconds >= 0 or None); not retrying.",
-                         path, delay, job.id)  # fmt: skip
+                         path or backoff, delay, job.id)  # fmt: skip
             return None
         return float(delay)
 
