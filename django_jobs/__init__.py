@@ -4,4 +4,18 @@ __version__ = "0.1.0"
 
 from .exceptions import Fail, Retry, Snooze  # noqa: E402 - the public names, importable without settings
 
-__all__ = ["Fail", "Retry", "Snooze", "__version__"]
+__all__ = ["Fail", "Retry", "Snooze", "__version__", "cancel", "retry"]
+
+
+def cancel(result_id, *, backend="default"):  # noqa: ANN001, ANN201 - see django_jobs.api.cancel
+    """Cancel a job; see :func:`django_jobs.api.cancel`."""
+    from .api import cancel as _cancel
+
+    return _cancel(result_id, backend=backend)
+
+
+def retry(result_id, *, backend="default"):  # noqa: ANN001, ANN201 - see django_jobs.api.retry
+    """Re-queue a failed or cancelled job; see :func:`django_jobs.api.retry`."""
+    from .api import retry as _retry
+
+    return _retry(result_id, backend=backend)

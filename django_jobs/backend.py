@@ -10,6 +10,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass, fields, replace
+from datetime import timedelta
 from typing import Any
 
 from django.core import checks
@@ -19,6 +20,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .backoff import validate_backoff
@@ -68,6 +70,11 @@ class JobTask(Task, metaclass=_JobTaskMeta):
                 f"queue_name, run_after, backend, {', '.join(JOB_OPTIONS)}."
             )
         changes: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        if isinstance(run_after, timedelta):
+            # A delay: from now, the moment .using() is called (normally right before enqueue).
+            if run_after < timedelta(0):
+                raise InvalidTaskOptions(f"run_after as a timedelta must not be negative; got {run_after!r}.")
+            run_after = timezone.now() + run_after
         for name, value in (
             ("priority", priority),
             ("queue_name", queue_name),

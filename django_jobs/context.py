@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -28,6 +29,8 @@ class JobContext(TaskContext):
     database: str = field(default="default", repr=False)
     # Threads of one attempt append their log lines one at a time, in the order they call log().
     _log_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # [checked at (monotonic), answer]: is_cancelled() asks the database at most twice a second.
+    _cancel_seen: list = field(default_factory=lambda: [-1.0, False], repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
@@ -45,6 +48,20 @@ class JobContext(TaskContext):
     def snooze(self, seconds: float) -> NoReturn:
         """Run again after ``seconds`` without counting this attempt."""
         raise Snooze(seconds)
+
+    def is_cancelled(self) -> bool:
+        """True once someone called ``django_jobs.cancel()`` on this running job (seen within
+        half a second). The attempt should then stop; it is recorded as ``cancelled``."""
+        checked, answer = self._cancel_seen
+        if answer or self.lease_token is None:
+            return answer
+        now = time.monotonic()
+        if now - checked >= 0.5:
+            from . import engine
+
+            answer = engine.is_cancel_requested(using=self.database, job_id=uuid.UUID(self.job_id))
+            self._cancel_seen[:] = [now, answer]
+        return answer
 
     def log(self, message: Any) -> bool:
         """Append a line to the job's log (``JobLog``), in order. Lines beyond ``LOG_MAX_LINES``

@@ -369,12 +369,14 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     t = JOB_TABLE
     sql = (
         f"WITH v(id, token, state, rv, err, avail, uncount) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
-        f"UPDATE {t} SET state = v.state, return_value = v.rv, "
+        f"UPDATE {t} SET state = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE v.state END, "
+        f"return_value = v.rv, "
         f"attempts = {t}.attempts - v.uncount, "
         f"worker_ids = CASE WHEN v.uncount = 1 THEN {d.json_pop(t + '.worker_ids')} ELSE {t}.worker_ids END, "
         f"errors = CASE WHEN v.err IS NULL THEN {t}.errors ELSE {d.json_append(t + '.errors', 'v.err')} END, "
         f"available_at = COALESCE(v.avail, {t}.available_at), "
-        f"finished_at = CASE WHEN v.state IN ('completed', 'failed') THEN {now_sql} ELSE NULL END, "
+        f"finished_at = CASE WHEN v.state IN ('completed', 'failed') OR {t}.cancel_requested_at IS NOT NULL "
+        f"THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
         f"RETURNING {t}.id, {t}.queue, {t}.state"
@@ -425,6 +427,52 @@ def release_jobs(
         rows = cursor.fetchall()
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
+
+
+def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> str | None:
+    """Cancel a job; return its state afterwards (``None`` when there is no such job).
+
+    A waiting, delayed or waiting-children job becomes ``cancelled`` at once. A running one is
+    flagged (``cancel_requested_at``): the task sees ``context.is_cancelled()`` turn true, and
+    whatever its attempt comes to is recorded as ``cancelled``. A finished job is left as it is.
+    Both writes are guarded on the state, so a worker finishing at the same moment wins or loses
+    cleanly: exactly one outcome is recorded.
+    """
+    now = now or timezone.now()
+    jobs = Job.objects.using(using).filter(id=job_id)
+    if jobs.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).update(
+        state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now
+    ):
+        return JobState.CANCELLED
+    jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now)
+    return jobs.values_list("state", flat=True).first()
+
+
+def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> bool:
+    """Re-queue a failed or cancelled job (guarded on those states); when its attempts are used up
+    it gets one more. Errors and worker ids of earlier attempts are kept."""
+    from django.db.models import Case, F, PositiveIntegerField, When
+
+    now = now or timezone.now()
+    return bool(
+        Job.objects.using(using)
+        .filter(id=job_id, state__in=[JobState.FAILED, JobState.CANCELLED])
+        .update(
+            state=JobState.WAITING,
+            available_at=now,
+            finished_at=None,
+            cancel_requested_at=None,
+            max_attempts=Case(
+                When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
+                default=F("max_attempts"),
+                output_field=PositiveIntegerField(),
+            ),
+        )
+    )
+
+
+def is_cancel_requested(*, using: str, job_id: uuid.UUID) -> bool:
+    return Job.objects.using(using).filter(id=job_id, cancel_requested_at__isnull=False).exists()
 
 
 def set_progress(*, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, value: Any) -> bool:

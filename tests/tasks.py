@@ -246,3 +246,16 @@ def chatty(context, threads: int, lines: int):
     for w in workers:
         w.join()
     return threads * lines
+
+
+@task(takes_context=True)
+def until_cancelled(context, path: str):
+    """Runs until cancelled (up to 20 s); records when it noticed."""
+    record(path, event="start")
+    deadline = time.monotonic() + 20
+    while not context.is_cancelled():
+        if time.monotonic() > deadline:
+            return "never cancelled"
+        time.sleep(0.02)
+    record(path, event="noticed", at=time.time())
+    return "stopped"

@@ -662,3 +662,19 @@ def test_enqueue_after_a_rolled_back_savepoint_still_notifies():
         listener.close()
     assert sorted(received) == ["outer", "sp"]
     assert Job.objects.filter(queue="sp").count() == 1
+
+
+@pytest.mark.django_db
+def test_run_after_accepts_a_timedelta_from_now():
+    before = timezone.now()
+    result = tasks.noop.using(run_after=timedelta(minutes=5)).enqueue()
+    job = Job.objects.get(id=result.id)
+    assert job.state == "delayed"
+    assert before + timedelta(minutes=5) <= job.available_at <= timezone.now() + timedelta(minutes=5)
+
+
+def test_negative_timedelta_run_after_is_rejected():
+    from django_jobs.exceptions import InvalidTaskOptions
+
+    with pytest.raises(InvalidTaskOptions, match="must not be negative"):
+        tasks.noop.using(run_after=timedelta(seconds=-1))

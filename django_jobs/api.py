@@ -1,0 +1,52 @@
+"""The Python API beyond Django's Tasks framework: ``cancel`` and ``retry`` (more arrives with
+the features that need it). Importable as ``django_jobs.cancel`` / ``django_jobs.retry``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.tasks import TaskResult, task_backends
+from django.tasks.exceptions import TaskResultDoesNotExist
+
+from .exceptions import JobsError
+
+
+class JobNotRetryable(JobsError):
+    """Only failed or cancelled jobs can be retried."""
+
+
+def _job_id(result_id: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(result_id))
+    except (ValueError, TypeError, AttributeError):
+        raise TaskResultDoesNotExist(f"No job with id {result_id!r} (not a job id).") from None
+
+
+def cancel(result_id: Any, *, backend: str = "default") -> TaskResult:
+    """Cancel a job and return its result. A waiting or delayed job is ``cancelled`` at once; a
+    running one is flagged (``context.is_cancelled()`` turns true within a second) and ends
+    ``cancelled`` whatever its attempt returns; a finished job is left as it is.
+
+    Raises ``TaskResultDoesNotExist`` for an unknown id.
+    """
+    from . import engine
+
+    jobs_backend = task_backends[backend]
+    if engine.cancel_job(using=jobs_backend.database, job_id=_job_id(result_id)) is None:
+        raise TaskResultDoesNotExist(f"No job with id {result_id!r}.")
+    return jobs_backend.get_result(result_id)
+
+
+def retry(result_id: Any, *, backend: str = "default") -> TaskResult:
+    """Re-queue a failed or cancelled job (one more attempt when its attempts are used up) and
+    return its result. Raises ``TaskResultDoesNotExist`` for an unknown id and
+    ``JobNotRetryable`` for a job in another state."""
+    from . import engine
+
+    jobs_backend = task_backends[backend]
+    job_id = _job_id(result_id)
+    if not engine.retry_job(using=jobs_backend.database, job_id=job_id):
+        result = jobs_backend.get_result(result_id)  # raises TaskResultDoesNotExist when unknown
+        raise JobNotRetryable(f"Job {result_id} is {result.status}; only failed or cancelled jobs can be retried.")
+    return jobs_backend.get_result(result_id)
