@@ -174,14 +174,14 @@ class JobResult(TaskResult):
     progress: Any = None
 
     def refresh(self) -> None:
-        fresh = self.task.get_backend().get_result(self.id)
-        for attr in (*TASK_REFRESH_ATTRS, "progress"):
-            object.__setattr__(self, attr, getattr(fresh, attr))
+        self._copy_from(self.task.get_backend().get_result(self.id))
 
     async def arefresh(self) -> None:
-        fresh = await self.task.get_backend().aget_result(self.id)
+        self._copy_from(await self.task.get_backend().aget_result(self.id))
+
+    def _copy_from(self, fresh: TaskResult) -> None:
         for attr in (*TASK_REFRESH_ATTRS, "progress"):
-            object.__setattr__(self, attr, getattr(fresh, attr))
+            object.__setattr__(self, attr, getattr(fresh, attr, None))
 
 
 class JobsBackend(BaseTaskBackend):

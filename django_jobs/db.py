@@ -21,9 +21,6 @@ SUPPORTED_VENDORS = ("postgresql", "sqlite")
 MIN_POSTGRESQL = 13  # gen_random_uuid() in core
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
 
-#: Error classes that may be worth retrying: the connection dropped, or the database was busy.
-TRANSIENT_ERRORS = (OperationalError, InterfaceError)
-
 # SQLite reports a missing table as an OperationalError too; that one no retry will fix.
 _PERMANENT_MESSAGES = ("no such table", "no such column", "syntax error", "has no column named")
 

@@ -22,7 +22,7 @@ import json
 import logging
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -98,7 +98,6 @@ class Outcome:
     available_at: datetime | None = None
     #: Snooze: take the attempt and its worker id back (the attempt does not count).
     uncount_attempt: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # -- enqueue --------------------------------------------------------------------------------
@@ -137,7 +136,7 @@ def insert_job(
     d = Dialect(using)
     conn = connections[using]
     wake = not delayed and d.pg and _first_notify_in_transaction(conn, queue)
-    sql = _insert_sql(d, notify=wake)
+    sql = _insert_sql(d.pg, notify=wake)
     params = [
         d.uuid(job.id),
         backend,
@@ -170,7 +169,10 @@ _INSERT_COLUMNS = (
 
 
 @functools.cache
-def _insert_sql_cached(pg: bool, notify: bool) -> str:
+def _insert_sql(pg: bool, notify: bool) -> str:
+    """The INSERT of :func:`insert_job`, built once per vendor: enqueue is a hot path and
+    compiling Django's 32-column insert costs more than the database's work."""
+
     def cast(t: str) -> str:
         return f"%s::{t}" if pg else "%s"
 
@@ -184,12 +186,6 @@ def _insert_sql_cached(pg: bool, notify: bool) -> str:
         # SELECT pg_notify would cost a round trip. Delivered on commit, like any NOTIFY.
         sql = f"WITH new_job AS ({sql} RETURNING queue) SELECT pg_notify(%s, queue) FROM new_job"
     return sql
-
-
-def _insert_sql(d: Dialect, *, notify: bool) -> str:
-    """The INSERT of :func:`insert_job`, written once per vendor: enqueue is a hot path and
-    compiling Django's 32-column insert costs more than the database's work."""
-    return _insert_sql_cached(d.pg, notify)
 
 
 def _first_notify_in_transaction(conn: Any, queue: str) -> bool:
@@ -618,19 +614,6 @@ def rescue_stalled_jobs(
         logger.warning("Rescued stalled job %s (lease expired): now %s.", d.to_uuid(r[0]), r[2])
     notify(using, sorted({r[1] for r in requeued}))
     return len(requeued), len(rows) - len(requeued)
-
-
-def fail_job_now(
-    *, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, error: dict[str, Any], now: datetime | None = None
-) -> bool:
-    """Fail an active job for good (e.g. its task path no longer resolves)."""
-    written = record_outcomes(
-        [Outcome(job_id=job_id, lease_token=lease_token, state=JobState.FAILED, error=error)], using=using, now=now
-    )
-    return job_id in written
-
-
-# -- workers --------------------------------------------------------------------------------
 
 
 def register_worker(
