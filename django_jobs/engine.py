@@ -329,14 +329,15 @@ def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
 _OUTCOME_STATES = {JobState.COMPLETED, JobState.FAILED, JobState.WAITING, JobState.DELAYED}
 
 
-def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None = None) -> set[uuid.UUID]:
-    """Write a batch of attempt outcomes in one statement; return the ids that were written.
+def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None = None) -> dict[uuid.UUID, str]:
+    """Write a batch of attempt outcomes in one statement; return ``{job id: state written}`` for
+    the jobs that were written (the state is ``cancelled`` where a cancel was requested).
 
     Each row is guarded on (id, ``active``, lease token): an outcome whose job was rescued,
     cancelled or released meanwhile matches nothing, is logged and dropped.
     """
     if not outcomes:
-        return set()
+        return {}
     for o in outcomes:
         if o.state not in _OUTCOME_STATES:
             raise ValueError(f"not an outcome state: {o.state!r}")
@@ -380,7 +381,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [*values, *now_params])
         rows = cursor.fetchall()
-    written = {d.to_uuid(r[0]) for r in rows}
+    written = {d.to_uuid(r[0]): r[2] for r in rows}
     for o in outcomes:
         if o.job_id not in written:
             logger.warning(

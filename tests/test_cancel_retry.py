@@ -61,7 +61,7 @@ def test_a_cancel_racing_a_completion_records_exactly_one_outcome():
         [engine.Outcome(job_id=job.id, lease_token=job.lease_token, state="completed", return_value_json="1")],
         using="default",
     )
-    assert written == {job.id}
+    assert written == {job.id: "cancelled"}
     stored = Job.objects.get(id=result.id)
     assert stored.state == "cancelled" and stored.finished_at is not None and stored.attempts == 1
     # A second write under the same lease matches nothing.
@@ -69,7 +69,7 @@ def test_a_cancel_racing_a_completion_records_exactly_one_outcome():
         engine.record_outcomes(
             [engine.Outcome(job_id=job.id, lease_token=job.lease_token, state="failed")], using="default"
         )
-        == set()
+        == {}
     )
 
 

@@ -217,7 +217,7 @@ def test_each_claim_issues_a_new_lease_token():
 def test_completed_outcome_stores_return_value_and_clears_the_lease():
     make_job()
     [claimed] = claim()
-    assert record(claimed, JobState.COMPLETED, return_value_json='[1, "two"]', now=at(3)) == {claimed.id}
+    assert record(claimed, JobState.COMPLETED, return_value_json='[1, "two"]', now=at(3)) == {claimed.id: "completed"}
     stored = row(claimed.id)
     assert stored.state == JobState.COMPLETED
     assert stored.return_value == [1, "two"]
@@ -261,7 +261,7 @@ def test_outcome_with_a_stale_lease_token_is_dropped():
     [claimed] = claim()
     before = snapshot(claimed.id)
     stale = engine.Outcome(job_id=claimed.id, lease_token=uuid.uuid4(), state=JobState.COMPLETED, return_value_json="1")
-    assert engine.record_outcomes([stale], using="default", now=at(1)) == set()
+    assert engine.record_outcomes([stale], using="default", now=at(1)) == {}
     assert snapshot(claimed.id) == before
 
 
@@ -271,7 +271,7 @@ def test_outcome_for_a_job_no_longer_active_is_dropped():
     [claimed] = claim()
     Job.objects.filter(id=claimed.id).update(state=JobState.CANCELLED)  # token left in place on purpose
     before = snapshot(claimed.id)
-    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == set()
+    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == {}
     assert snapshot(claimed.id) == before
 
 
@@ -279,9 +279,9 @@ def test_outcome_for_a_job_no_longer_active_is_dropped():
 def test_second_outcome_for_the_same_lease_is_dropped():
     make_job()
     [claimed] = claim()
-    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == {claimed.id}
+    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == {claimed.id: "completed"}
     before = snapshot(claimed.id)
-    assert record(claimed, JobState.FAILED, error=ERROR, now=at(2)) == set()
+    assert record(claimed, JobState.FAILED, error=ERROR, now=at(2)) == {}
     assert snapshot(claimed.id) == before
 
 
@@ -295,7 +295,7 @@ def test_a_batch_writes_only_the_outcomes_whose_lease_holds():
         engine.Outcome(job_id=b.id, lease_token=uuid.uuid4(), state=JobState.COMPLETED, return_value_json='"b"'),
         engine.Outcome(job_id=c.id, lease_token=c.lease_token, state=JobState.FAILED, error=ERROR),
     ]
-    assert engine.record_outcomes(outcomes, using="default", now=at(1)) == {a.id, c.id}
+    assert engine.record_outcomes(outcomes, using="default", now=at(1)).keys() == {a.id, c.id}
     assert [row(j.id).state for j in (a, b, c)] == [JobState.COMPLETED, JobState.ACTIVE, JobState.FAILED]
     assert row(a.id).return_value == "a"
 
@@ -306,7 +306,7 @@ def test_record_outcomes_rejects_a_state_that_is_not_an_outcome():
     [claimed] = claim()
     with pytest.raises(ValueError, match="not an outcome state"):
         record(claimed, JobState.ACTIVE)
-    assert engine.record_outcomes([], using="default") == set()
+    assert engine.record_outcomes([], using="default") == {}
 
 
 # -- promote ---------------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def test_late_outcome_of_a_rescued_job_is_dropped():
     [claimed] = claim(now=at(0))
     rescue(now=at(LEASE + 1))
     before = snapshot(claimed.id)
-    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(LEASE + 2)) == set()
+    assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(LEASE + 2)) == {}
     assert snapshot(claimed.id) == before
 
 
@@ -569,7 +569,7 @@ def test_concurrent_claimers_take_every_job_exactly_once():
                 engine.Outcome(job_id=c.id, lease_token=c.lease_token, state=JobState.COMPLETED, return_value_json="1")
                 for c in batch
             ]
-            assert engine.record_outcomes(outcomes, using="default") == {c.id for c in batch}
+            assert engine.record_outcomes(outcomes, using="default").keys() == {c.id for c in batch}
         return taken
 
     per_thread = run_concurrently(thread_count, drain)

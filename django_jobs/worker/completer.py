@@ -31,7 +31,7 @@ class Completer(threading.Thread):
         *,
         using: str,
         stopping: threading.Event,
-        on_written: Callable[[list[engine.Outcome], set[Any]], None],
+        on_written: Callable[[list[engine.Outcome], dict[Any, str]], None],
     ):
         super().__init__(name="jobs-completer", daemon=True)
         self.using = using
@@ -74,8 +74,8 @@ class Completer(threading.Thread):
                 self.pending(),
             )
 
-    def _write_each(self, batch: list[engine.Outcome]) -> set[Any]:
-        written: set[Any] = set()
+    def _write_each(self, batch: list[engine.Outcome]) -> dict[Any, str]:
+        written: dict[Any, str] = {}
         for outcome in batch:
             try:
                 written |= engine.record_outcomes([outcome], using=self.using)
