@@ -1,4 +1,5 @@
-"""Settings for the benchmark: its own PostgreSQL database (``jobs_bench`` by default).
+"""Settings for the benchmark: its own PostgreSQL database (``jobs_bench`` by default), or a
+SQLite file with ``JOBS_BENCH_VENDOR=sqlite`` (the enqueue_many measurement uses both).
 
 ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the server, ``JOBS_BENCH_DB`` the database.
 Worker subprocesses started by ``benchmarks/throughput.py`` use this module too.
@@ -23,3 +24,13 @@ DATABASES = {
 TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}}}
 DJANGO_JOBS = {"MAX_ATTEMPTS": 1}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":
+    # The enqueue_many measurement also runs on SQLite: a file made for the run (JOBS_BENCH_SQLITE).
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ["JOBS_BENCH_SQLITE"],
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        }
+    }

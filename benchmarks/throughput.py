@@ -12,7 +12,11 @@ every run:
 3. enqueue-to-start latency (``started_at - enqueued_at``) p50/p95/p99 with one idle worker
    (``-c 8``, LISTEN/NOTIFY active) while one job is enqueued every 50 ms;
 4. a ceiling: a raw psycopg loop (no Django) claiming batches of 100 with ``FOR UPDATE SKIP
-   LOCKED`` on the same table and completing them, with one connection and with 2 processes.
+   LOCKED`` on the same table and completing them, with one connection and with 2 processes;
+5. bulk enqueue: ``noop.enqueue_many(generator)`` of 100,000 jobs in one transaction (commit and
+   the ``task_enqueued`` signals included), on PostgreSQL and on SQLite, each run in a fresh
+   process so its peak RSS growth (``ru_maxrss`` after minus before) is the call's alone.
+   ``--only enqueue_many`` runs just this part.
 
 It uses its own database (``JOBS_BENCH_DB``, default ``jobs_bench``; dropped and re-created) on the
 server named by ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` (default 127.0.0.1:5432, postgres).
@@ -35,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +66,10 @@ class Sizes:
     latency_seconds: float = 15.0
     latency_interval: float = 0.05
     ceiling: int = 20_000
+    enqueue_many: int = 100_000
 
 
-QUICK = Sizes(enqueue=500, drain=3_000, latency_seconds=4.0, ceiling=5_000)
+QUICK = Sizes(enqueue=500, drain=3_000, latency_seconds=4.0, ceiling=5_000, enqueue_many=10_000)
 
 
 def fail(message: str) -> None:
@@ -115,7 +120,8 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE django_jobs_job, django_jobs_worker")
+        # The job log references the jobs: PostgreSQL truncates them together or not at all.
+        cursor.execute("TRUNCATE django_jobs_joblog, django_jobs_job, django_jobs_worker")
 
 
 def prefill(n: int) -> None:
@@ -123,6 +129,7 @@ def prefill(n: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
+    from django_jobs.engine import ready_seq
     from django_jobs.models import Job
 
     now = timezone.now()
@@ -138,6 +145,7 @@ def prefill(n: int) -> None:
                 options={},
                 state="waiting",
                 available_at=now,
+                seq=ready_seq(now),
                 enqueued_at=now,
             )
             for _ in range(n)
@@ -360,7 +368,7 @@ CEILING_CLAIM = (
     "lease_expires_at = now() + interval '30 seconds', worker_id = %s, "
     "started_at = COALESCE(started_at, now()), last_attempted_at = now() "
     "WHERE id IN (SELECT id FROM django_jobs_job WHERE state = 'waiting' "
-    "ORDER BY priority DESC, available_at, id LIMIT 100 FOR UPDATE SKIP LOCKED) AND state = 'waiting' "
+    "ORDER BY priority DESC, seq, id LIMIT 100 FOR UPDATE SKIP LOCKED) AND state = 'waiting' "
     "RETURNING id, lease_token"
 )
 CEILING_COMPLETE = (
@@ -405,6 +413,84 @@ def measure_ceiling(n: int, processes: int) -> float:
             if p.exitcode != 0:
                 fail(f"a ceiling process exited with {p.exitcode}.")
     return db_rate(n)
+
+
+@dataclass
+class BulkResult:
+    rate: float
+    rss_growth_kib: int
+
+
+def own_peak_rss_kib() -> int:
+    """This process's peak RSS in KiB: ``ru_maxrss``, as it would be if Linux did not carry the
+    parent's peak into a spawned child (it keeps the maximum across execve, so a child of a
+    large parent starts with the parent's figure and growth below it would not show). VmHWM is
+    the same high-water mark for this process image alone; ``ru_maxrss`` where /proc is missing."""
+    hwm = vm_hwm_kib(os.getpid())
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def enqueue_many_child(n: int, result_queue: Any) -> None:
+    """In a fresh process (so ``ru_maxrss`` starts at this process's own start-up): enqueue ``n``
+    jobs with one ``enqueue_many`` in one transaction; report the rate and the peak RSS growth."""
+    import gc
+
+    import django
+
+    django.setup()
+    from django.db import connection, transaction
+
+    from benchmarks.tasks import noop
+
+    noop.enqueue_many(() for _ in range(1_000))  # warm up: connection, imports, cached SQL
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM django_jobs_job")
+    gc.collect()
+    before = own_peak_rss_kib()
+    t0 = time.perf_counter()
+    with transaction.atomic():
+        results = noop.enqueue_many(() for _ in range(n))
+    elapsed = time.perf_counter() - t0
+    after = own_peak_rss_kib()
+    stored = scalar("SELECT count(*) FROM django_jobs_job")[0]
+    if stored != n or len(results) != n:
+        result_queue.put(f"expected {n} jobs, found {stored} rows and {len(results)} results")
+        return
+    result_queue.put((n / elapsed, after - before))
+
+
+def measure_enqueue_many(n: int, vendor: str) -> BulkResult:
+    """One run of :func:`enqueue_many_child` on ``vendor`` (``postgresql``: the benchmark database,
+    truncated; ``sqlite``: a fresh migrated file in a temporary directory)."""
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = {k: os.environ.get(k) for k in ("JOBS_BENCH_VENDOR", "JOBS_BENCH_SQLITE")}
+        try:
+            if vendor == "sqlite":
+                # The spawned child reads its settings from these (benchmarks/settings.py).
+                os.environ["JOBS_BENCH_VENDOR"] = "sqlite"
+                os.environ["JOBS_BENCH_SQLITE"] = str(Path(tmp) / "bench.sqlite3")
+                subprocess.run(
+                    [sys.executable, "-m", "django", "migrate", "-v", "0", "--settings=benchmarks.settings"],
+                    cwd=ROOT,
+                    env=worker_env(),
+                    check=True,
+                )
+            result_queue = ctx.Queue()
+            proc = ctx.Process(target=enqueue_many_child, args=(n, result_queue))
+            proc.start()
+            outcome = result_queue.get(timeout=max(300.0, n / 200))
+            proc.join(30)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    if isinstance(outcome, str):
+        fail(f"enqueue_many on {vendor}: {outcome}")
+    rate, growth = outcome
+    return BulkResult(rate=rate, rss_growth_kib=growth)
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -510,9 +596,15 @@ What is measured (the job table is truncated before every run):
   {sizes.latency_interval * 1000:.0f} ms for {sizes.latency_seconds:.0f} s; `started_at - enqueued_at` of
   each row (both clocks are this machine's).
 - **raw ceiling**: no Django: one psycopg connection (or 2 processes, one connection each) loops
-  `UPDATE ... WHERE id IN (SELECT ... ORDER BY priority DESC, available_at, id LIMIT 100 FOR UPDATE
+  `UPDATE ... WHERE id IN (SELECT ... ORDER BY priority DESC, seq, id LIMIT 100 FOR UPDATE
   SKIP LOCKED) RETURNING id`, then one `UPDATE` marking those rows completed, over
   {sizes.ceiling:,} waiting rows of the same table; rate measured like the drain.
+- **enqueue_many**: `noop.enqueue_many(() for _ in range({sizes.enqueue_many:,}))` inside one
+  `transaction.atomic()`, timed to the end of the commit (which sends the {sizes.enqueue_many:,}
+  `task_enqueued` signals), after a warm-up, in a fresh process per run; on this PostgreSQL and
+  on a SQLite file on local disk. **Peak RSS growth** is that process's peak RSS after the call
+  minus before it (VmHWM: `ru_maxrss` of the process image alone), with the results still
+  referenced.
 {END}"""
     if DOCS.exists() and BEGIN in (text := DOCS.read_text()) and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -542,9 +634,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller counts: a smoke run (prints only)")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median reported); default 3")
     parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md even with --quick")
-    parser.add_argument("--only", default="", help="comma-separated subset: enqueue,drain,latency,ceiling")
+    parser.add_argument("--only", default="", help="comma-separated subset: enqueue,drain,latency,ceiling,enqueue_many")
+    parser.add_argument(
+        "--enqueue-many-jobs", type=int, default=None, help="jobs per enqueue_many run; default 100,000"
+    )
     opts = parser.parse_args()
     sizes = QUICK if opts.quick else Sizes()
+    if opts.enqueue_many_jobs:
+        sizes = replace(sizes, enqueue_many=opts.enqueue_many_jobs)
     only = {s.strip() for s in opts.only.split(",") if s.strip()}
     wanted = lambda name: not only or name in only  # noqa: E731
 
@@ -553,6 +650,8 @@ def main() -> None:
     load_before = os.getloadavg()
 
     enqueue, drain1, drain2, lat, ceil1, ceil2 = [], [], [], [], [], []
+    bulk_pg: list[BulkResult] = []
+    bulk_sqlite: list[BulkResult] = []
     for run in range(1, opts.runs + 1):
         print(f"run {run}/{opts.runs}", file=sys.stderr)
         if wanted("enqueue"):
@@ -569,6 +668,14 @@ def main() -> None:
         if wanted("latency"):
             lat.append(measure_latency(sizes.latency_seconds, sizes.latency_interval))
             print("  pickup p50/p95/p99 {:.1f}/{:.1f}/{:.1f} ms".format(*lat[-1]), file=sys.stderr)
+        if wanted("enqueue_many"):
+            for vendor, runs in (("postgresql", bulk_pg), ("sqlite", bulk_sqlite)):
+                runs.append(measure_enqueue_many(sizes.enqueue_many, vendor))
+                print(
+                    f"  enqueue_many {sizes.enqueue_many:,} on {vendor}: {runs[-1].rate:,.0f}/s, "
+                    f"peak RSS +{runs[-1].rss_growth_kib / 1024:.1f} MiB",
+                    file=sys.stderr,
+                )
     truncate()
     load_after = os.getloadavg()
 
@@ -612,6 +719,13 @@ def main() -> None:
     if ceil1:
         rows.append(Row("raw ceiling, 1 connection", ceil1, "jobs/s"))
         rows.append(Row("raw ceiling, 2 processes", ceil2, "jobs/s"))
+    for name, bulk in (("PostgreSQL", bulk_pg), ("SQLite", bulk_sqlite)):
+        if bulk:
+            label = f"enqueue_many {sizes.enqueue_many:,}, {name}"
+            rows.append(Row(f"{label}", [b.rate for b in bulk], "jobs/s"))
+            rows.append(
+                Row(f"{label}, peak RSS growth", [b.rss_growth_kib / 1024 for b in bulk], "MiB", "stated", digits=1)
+            )
 
     note = machine_note(pg_version, load_before, load_after)
     print()

@@ -2,9 +2,10 @@
 
 __version__ = "0.1.0"
 
-from .exceptions import Fail, Retry, Snooze  # noqa: E402 - the public names, importable without settings
+from .backend import JobCall, call  # noqa: E402 - the public names, importable without settings
+from .exceptions import Fail, Retry, Snooze  # noqa: E402
 
-__all__ = ["Fail", "Retry", "Snooze", "__version__", "cancel", "retry"]
+__all__ = ["Fail", "JobCall", "Retry", "Snooze", "__version__", "call", "cancel", "retry"]
 
 
 def cancel(result_id, *, backend="default"):  # noqa: ANN001, ANN201 - see django_jobs.api.cancel

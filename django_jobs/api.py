@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.db import transaction
 from django.tasks import TaskResult, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
 
@@ -31,10 +32,17 @@ def cancel(result_id: Any, *, backend: str = "default") -> TaskResult:
     Raises ``TaskResultDoesNotExist`` for an unknown id.
     """
     from . import engine
+    from .signals import job_cancelled, send_job_signal
 
     jobs_backend = task_backends[backend]
-    if engine.cancel_job(using=jobs_backend.database, job_id=_job_id(result_id)) is None:
+    db = jobs_backend.database
+    job_id = _job_id(result_id)
+    done = engine.cancel_job(using=db, job_id=job_id)
+    if done is None:
         raise TaskResultDoesNotExist(f"No job with id {result_id!r}.")
+    if done.change == "cancelled":  # a running job's signal is sent when its attempt ends
+        payload = {"job_id": str(job_id), "queue": done.queue, "was_running": False}
+        transaction.on_commit(lambda: send_job_signal(job_cancelled, backend, **payload), using=db, robust=True)
     return jobs_backend.get_result(result_id)
 
 

@@ -6,19 +6,22 @@ TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [],
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -26,12 +29,14 @@ from django.utils.module_loading import import_string
 from .backoff import validate_backoff
 from .conf import get_settings
 from .exceptions import InvalidQueueName, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
-from .states import to_task_status
+from .states import JobState, to_task_status
+
+logger = logging.getLogger("django_jobs.backend")
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
-JOB_OPTIONS = ("max_attempts", "backoff")
+JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo")
 
 
 class _JobTaskMeta(type):
@@ -56,10 +61,16 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     ``backoff``: delay before a retry: seconds, a list of seconds per attempt (the last value
     is reused), or ``"exponential"`` (full jitter, ``BACKOFF_BASE``/``BACKOFF_CAP``);
     ``None`` uses the ``BACKOFF`` setting.
+    ``timeout``: seconds an attempt may run; at the deadline it is recorded as failed with a
+    ``JobTimeout`` error (retried if attempts remain). ``None``: no limit.
+    ``lifo``: last in, first out: the job is claimed before the FIFO jobs of its priority,
+    and among LIFO jobs the newest first. Priority still comes first.
     """
 
     max_attempts: int | None = None
     backoff: Any = None
+    timeout: float | None = None
+    lifo: bool = False
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None, **options):  # type: ignore[override]
         """A copy of the task with other defaults; accepts the django-jobs options too."""
@@ -85,6 +96,51 @@ class JobTask(Task, metaclass=_JobTaskMeta):
                 changes[name] = value
         return replace(self, **changes)
 
+    def enqueue_many(self, items: Iterable[Any]) -> list[JobResult]:
+        """Enqueue one job per item, atomically; see :meth:`JobsBackend.enqueue_many`."""
+        return self._jobs_backend().enqueue_many(self, items)
+
+    async def aenqueue_many(self, items: Iterable[Any]) -> list[JobResult]:
+        """The async form of :meth:`enqueue_many`."""
+        return await self._jobs_backend().aenqueue_many(self, items)
+
+    def _jobs_backend(self) -> JobsBackend:
+        backend = self.get_backend()
+        if not isinstance(backend, JobsBackend):
+            raise InvalidTask(
+                f"enqueue_many needs a django-jobs JobsBackend; backend {self.backend!r} is a {type(backend).__name__}."
+            )
+        return backend
+
+
+@dataclass(frozen=True, slots=True)
+class JobCall:
+    """The arguments of one job in :meth:`JobTask.enqueue_many`; made by :func:`call`."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def call(*args: Any, **kwargs: Any) -> JobCall:
+    """``django_jobs.call(1, b=2)``: an ``enqueue_many`` item with positional and keyword arguments."""
+    return JobCall(args, kwargs)
+
+
+def _item_arguments(index: int, item: Any) -> tuple[Any, dict[str, Any]]:
+    """``(args, kwargs)`` of one ``enqueue_many`` item."""
+    if isinstance(item, (tuple, list)):
+        return item, {}
+    if isinstance(item, dict):
+        return (), item
+    if isinstance(item, JobCall):
+        return item.args, item.kwargs
+    name = type(item).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    raise InvalidTaskArguments(
+        f"enqueue_many item {index} is {article} {name}; pass a tuple of positional args, a dict of keyword args, "
+        "or django_jobs.call(*args, **kwargs)."
+    )
+
 
 def validate_job_options(task: Task) -> None:
     max_attempts = getattr(task, "max_attempts", None)
@@ -94,6 +150,11 @@ def validate_job_options(task: Task) -> None:
         raise InvalidTaskOptions(
             f"max_attempts must be an integer >= 1 (or None for the default); got {max_attempts!r}."
         )
+    timeout = getattr(task, "timeout", None)
+    if timeout is not None and (
+        not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0
+    ):
+        raise InvalidTaskOptions(f"timeout must be a number of seconds > 0 (or None for no limit); got {timeout!r}.")
     backoff = getattr(task, "backoff", None)
     try:
         validate_backoff(backoff)
@@ -101,6 +162,9 @@ def validate_job_options(task: Task) -> None:
         raise InvalidTaskOptions(str(exc)) from None
     if callable(backoff):
         backoff_path(backoff)
+    lifo = getattr(task, "lifo", False)
+    if not isinstance(lifo, bool):
+        raise InvalidTaskOptions(f"lifo must be True or False; got {lifo!r}.")
 
 
 def backoff_path(backoff: Any) -> str:
@@ -166,6 +230,21 @@ def check_json(value: Any, where: str) -> None:
     raise InvalidTaskArguments(f"{where} is a {type(value).__name__}, which is not JSON; {hint}.")
 
 
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _send_enqueued(sender: type, results: list[Any]) -> None:
+    """``task_enqueued`` for each result of an ``enqueue_many``, on commit. A receiver that raises
+    for one job is logged and does not keep the others' signals from being sent (as ``enqueue``'s
+    one callback per job would behave)."""
+    for result in results:
+        try:
+            task_enqueued.send(sender, task_result=result)
+        except Exception:
+            logger.exception("A task_enqueued receiver raised for job %s.", result.id)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobResult(TaskResult):
     """Django's ``TaskResult`` plus what django-jobs stores beside it: ``progress`` (set by a
@@ -213,30 +292,42 @@ class JobsBackend(BaseTaskBackend):
         validate_job_options(task)
 
     def _check_payload(self, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+        args_json, kwargs_json = self._payload_json(args, kwargs)
+        # A real round trip: what the worker will see is exactly what was stored.
+        return json.loads(args_json), json.loads(kwargs_json)
+
+    def _payload_json(self, args: Any, kwargs: Any, cap: int | None = None) -> tuple[str, str]:
+        """Validate one job's arguments; return the JSON of its args and of its kwargs.
+
+        ``cap``: MAX_PAYLOAD_BYTES, when the caller has already read it (enqueue_many, per item).
+        """
         if not isinstance(kwargs, dict):
             raise InvalidTaskArguments("kwargs must be a dict.")
-        args = list(args)
+        if not isinstance(args, (list, tuple)):
+            args = list(args)
         for i, value in enumerate(args):
             check_json(value, f"args[{i}]")
         for key, value in kwargs.items():
             check_json(key, "a keyword argument name")
             check_json(value, f"kwargs[{key!r}]")
-        size = len(json.dumps(args, ensure_ascii=False).encode()) + len(json.dumps(kwargs, ensure_ascii=False).encode())
-        cap = self.settings.MAX_PAYLOAD_BYTES
+        args_json, kwargs_json = json.dumps(args, ensure_ascii=False), json.dumps(kwargs, ensure_ascii=False)
+        try:
+            size = _utf8_len(args_json) + _utf8_len(kwargs_json)
+        except UnicodeEncodeError:
+            raise InvalidTaskArguments(
+                "The job's arguments contain a lone surrogate (such as '\\ud800'), which is not valid UTF-8 and "
+                "PostgreSQL cannot store; pass valid text or the data base64-encoded."
+            ) from None
+        cap = self.settings.MAX_PAYLOAD_BYTES if cap is None else cap
         if size > cap:
             raise PayloadTooLarge(
                 f"The job's arguments are {size} bytes of JSON, over MAX_PAYLOAD_BYTES={cap}; store "
                 "large data elsewhere (a model, a file) and pass its key."
             )
-        # A real round trip: what the worker will see is exactly what was stored.
-        return json.loads(json.dumps(args)), json.loads(json.dumps(kwargs))
+        return args_json, kwargs_json
 
-    # -- enqueue -----------------------------------------------------------------------------
-
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Insert the job in the caller's transaction; ``task_enqueued`` is sent on commit."""
-        self.validate_task(task)
-        args, kwargs = self._check_payload(args, kwargs)
+    def _job_fields(self, task: Task) -> tuple[int, dict[str, Any]]:
+        """``(max_attempts, options)`` stored on a job of ``task``."""
         max_attempts = getattr(task, "max_attempts", None) or self.settings.MAX_ATTEMPTS
         options: dict[str, Any] = {}
         backoff = getattr(task, "backoff", None)
@@ -244,6 +335,20 @@ class JobsBackend(BaseTaskBackend):
             options["backoff_path"] = backoff_path(backoff)
         elif backoff is not None:
             options["backoff"] = list(backoff) if isinstance(backoff, tuple) else backoff
+        timeout = getattr(task, "timeout", None)
+        if timeout is not None:
+            options["timeout"] = float(timeout)
+        if getattr(task, "lifo", False):
+            options["lifo"] = True
+        return max_attempts, options
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Insert the job in the caller's transaction; ``task_enqueued`` is sent on commit."""
+        self.validate_task(task)
+        args, kwargs = self._check_payload(args, kwargs)
+        max_attempts, options = self._job_fields(task)
         from . import engine  # models load lazily, so E001 can report a missing app
 
         job = engine.insert_job(
@@ -257,12 +362,104 @@ class JobsBackend(BaseTaskBackend):
             max_attempts=max_attempts,
             options=options,
             run_after=task.run_after,
+            lifo=bool(getattr(task, "lifo", False)),
         )
         result = self._result_from_job(job, task)
         transaction.on_commit(
             lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
         )
         return result
+
+    def enqueue_many(self, task: Task, items: Iterable[Any]) -> list[JobResult]:
+        """Enqueue one job of ``task`` per item of ``items``; return their results in that order.
+
+        An item is a tuple or list (positional arguments), a dict (keyword arguments) or
+        ``django_jobs.call(*args, **kwargs)`` (both). The jobs are inserted in the caller's
+        transaction and atomically as a whole (a savepoint inside the caller's transaction): an
+        invalid item raises, naming its index, and no job of the call is stored, even those of
+        chunks already written. ``items`` is read lazily, :data:`engine.INSERT_CHUNK` items per
+        multi-row INSERT, so a generator of any length never has all its SQL in memory; the
+        results (one small ``JobResult`` each, sharing ``task``) are what grows.
+
+        Validates ``task`` once; each item's arguments as ``enqueue`` does (the same exception
+        class, its message prefixed ``enqueue_many item {i}: ``). Wakes the workers of the queue
+        once (PostgreSQL NOTIFY, on commit). ``task_enqueued`` is sent for each job, in order,
+        on commit, from one ``on_commit`` callback.
+        """
+        from . import engine  # models load lazily, so E001 can report a missing app
+
+        self.validate_task(task)
+        max_attempts, options = self._job_fields(task)
+        lifo = bool(getattr(task, "lifo", False))
+        using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
+        now = timezone.now()
+        delayed = task.run_after is not None and task.run_after > now
+        status = to_task_status(JobState.DELAYED if delayed else JobState.WAITING)
+        results: list[JobResult] = []
+        # JSON of the current chunk only; dropped once it is written.
+        rows: list[tuple[str, str]] = []
+        payloads: list[tuple[Any, Any]] = []
+
+        def write_chunk() -> None:
+            ids = engine.insert_jobs(
+                using=using,
+                rows=rows,
+                backend=self.alias,
+                task_path=task.module_path,
+                queue=task.queue_name,
+                priority=task.priority,
+                max_attempts=max_attempts,
+                options=options,
+                run_after=task.run_after,
+                lifo=lifo,
+                now=now,
+                position=len(results),
+            )
+            for job_id, (args, kwargs) in zip(ids, payloads, strict=True):
+                results.append(
+                    JobResult(
+                        task=task,
+                        id=str(job_id),
+                        status=status,
+                        enqueued_at=now,
+                        started_at=None,
+                        last_attempted_at=None,
+                        finished_at=None,
+                        args=args,
+                        kwargs=kwargs,
+                        backend=self.alias,
+                        errors=[],
+                        worker_ids=[],
+                    )
+                )
+            rows.clear()
+            payloads.clear()
+
+        with transaction.atomic(using=using):
+            for index, item in enumerate(items):
+                args, kwargs = _item_arguments(index, item)
+                try:
+                    args_json, kwargs_json = self._payload_json(args, kwargs, cap)
+                except InvalidTaskArguments as exc:
+                    raise type(exc)(f"enqueue_many item {index}: {exc}") from None
+                rows.append((args_json, kwargs_json))
+                # The stored values as the worker will read them back (tuples become lists).
+                payloads.append((json.loads(args_json), json.loads(kwargs_json)))
+                if len(rows) == engine.INSERT_CHUNK:
+                    write_chunk()
+            if rows:
+                write_chunk()
+            if results:
+                if not delayed:
+                    engine.notify(using, [task.queue_name])
+                # One callback for the whole call, not one per job as enqueue registers: a closure
+                # and an on_commit entry per job would grow with the batch as the results do.
+                transaction.on_commit(lambda: _send_enqueued(type(self), results), using=using, robust=True)
+        return results
+
+    async def aenqueue_many(self, task: Task, items: Iterable[Any]) -> list[JobResult]:
+        """The async form of :meth:`enqueue_many` (in a thread, as Django's ``aenqueue`` does)."""
+        return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, items)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -332,4 +529,4 @@ def resolve_task(path: str) -> Task:
     return obj
 
 
-__all__ = ["JobResult", "JobTask", "JobsBackend", "resolve_task", "task_for_job"]
+__all__ = ["JobCall", "JobResult", "JobTask", "JobsBackend", "call", "resolve_task", "task_for_job"]

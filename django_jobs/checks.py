@@ -2,7 +2,8 @@
 
 E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPTIONS
 E003 DATABASE alias unknown or vendor unsupported E004 database too old
-E005 SQLite with more than one worker process     W001 invalid name in QUEUES
+E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
+W001 invalid name in QUEUES
 """
 
 from __future__ import annotations
@@ -81,6 +82,31 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                     id="django_jobs.E003",
                 )
             )
+    if isinstance(conf.MIDDLEWARE, (list, tuple)):
+        from django.utils.module_loading import import_string
+
+        for path in conf.MIDDLEWARE:
+            if not isinstance(path, str):
+                continue  # reported by E002
+            try:
+                factory = import_string(path)
+            except ImportError as exc:
+                errors.append(
+                    checks.Error(
+                        f"{where}: MIDDLEWARE entry {path!r} does not import ({exc}).",
+                        hint="Give the dotted path of a middleware factory; see docs/howto/middleware.md.",
+                        id="django_jobs.E006",
+                    )
+                )
+                continue
+            if not callable(factory):
+                errors.append(
+                    checks.Error(
+                        f"{where}: MIDDLEWARE entry {path!r} is not callable.",
+                        hint="A middleware is a factory: factory(call_next) -> handler(context).",
+                        id="django_jobs.E006",
+                    )
+                )
     for name in sorted(backend.queues, key=repr):
         if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
             errors.append(

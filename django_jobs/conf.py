@@ -49,6 +49,9 @@ class JobsSettings:
     RESCUE_INTERVAL: float = 5.0
     #: Rows per promoter/rescuer batch.
     SERVICE_BATCH_SIZE: int = 1000
+    #: Dotted paths of middleware factories wrapping each job's execution, outermost first
+    #: (docs/howto/middleware.md).
+    MIDDLEWARE: tuple[str, ...] | list[str] = ()
     #: LISTEN/NOTIFY channel (PostgreSQL).
     NOTIFY_CHANNEL: str = "django_jobs"
     #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
@@ -77,6 +80,8 @@ class JobsSettings:
         for name in ("POLL_INTERVAL", "PROMOTE_INTERVAL", "RESCUE_INTERVAL", "BACKOFF_BASE", "BACKOFF_CAP"):
             if not _positive(getattr(self, name)):
                 problems.append(f"{name} must be a positive number of seconds.")
+        if not isinstance(self.MIDDLEWARE, (list, tuple)) or not all(isinstance(p, str) for p in self.MIDDLEWARE):
+            problems.append("MIDDLEWARE must be a list of dotted paths (strings).")
         if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:
             problems.append("SERVICE_BATCH_SIZE must be a positive integer.")
         from .backoff import validate_backoff

@@ -31,6 +31,10 @@ class JobContext(TaskContext):
     _log_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # [checked at (monotonic), answer]: is_cancelled() asks the database at most twice a second.
     _cancel_seen: list = field(default_factory=lambda: [-1.0, False], repr=False, compare=False)
+    #: The executor's record of this attempt (``worker.executor.Attempt``: deadline, async future).
+    #: When a worker watches it, the worker sets its cancel flag on a NOTIFY or poll, so
+    #: is_cancelled() needs no query.
+    attempt_state: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
@@ -51,7 +55,9 @@ class JobContext(TaskContext):
 
     def is_cancelled(self) -> bool:
         """True once someone called ``django_jobs.cancel()`` on this running job (seen within
-        half a second). The attempt should then stop; it is recorded as ``cancelled``."""
+        a second). The attempt should then stop; it is recorded as ``cancelled``."""
+        if self.attempt_state is not None and self.attempt_state.watched:
+            return self.attempt_state.cancelled.is_set()
         checked, answer = self._cancel_seen
         if answer or self.lease_token is None:
             return answer

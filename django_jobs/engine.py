@@ -23,8 +23,8 @@ import logging
 import socket
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -32,6 +32,7 @@ from django.utils import timezone
 from .db import Dialect
 from .models import Job, JobLog, Worker
 from .states import JobState
+from .uuid7 import uuid7
 
 logger = logging.getLogger("django_jobs.engine")
 
@@ -56,6 +57,7 @@ _CLAIM_COLUMNS = (
     "available_at",
     "errors",
     "worker_ids",
+    "seq",
 )
 
 
@@ -80,6 +82,8 @@ class ClaimedJob:
     available_at: datetime
     errors: list[dict[str, Any]]
     worker_ids: list[str]
+    #: Claim order within a priority (negative: LIFO); see :func:`ready_seq`.
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -98,9 +102,32 @@ class Outcome:
     available_at: datetime | None = None
     #: Snooze: take the attempt and its worker id back (the attempt does not count).
     uncount_attempt: bool = False
+    #: The job's queue and the number of the attempt, for signals and logs (not written).
+    queue: str = ""
+    attempt: int = 0
 
 
 # -- enqueue --------------------------------------------------------------------------------
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def ready_seq(available_at: datetime, lifo: bool = False) -> int:
+    """The ``seq`` of a job that becomes ready at ``available_at``: microseconds since the Unix
+    epoch, negated for a LIFO job.
+
+    Claim order is ``priority DESC, seq, id``. A FIFO job's seq grows with the moment it became
+    ready, so FIFO order is the order of ``available_at`` (then id), as before ``seq`` existed.
+    A LIFO job's is negative, so it sorts ahead of every FIFO job of its priority and, among LIFO
+    jobs, the newest comes first (the seed schema's signed ``job_seq``). Computed here, not by a
+    database sequence, so both vendors agree and a rescheduled job can get a new one from its
+    new time.
+    """
+    if available_at.tzinfo is None:  # USE_TZ = False: Django's naive datetimes are UTC to us
+        available_at = available_at.replace(tzinfo=UTC)
+    micros = (available_at - _EPOCH) // timedelta(microseconds=1)
+    return -micros if lifo else micros
 
 
 def insert_job(
@@ -115,9 +142,14 @@ def insert_job(
     max_attempts: int,
     options: dict[str, Any],
     run_after: datetime | None = None,
+    lifo: bool = False,
     now: datetime | None = None,
 ) -> Job:
-    """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``)."""
+    """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``).
+
+    ``lifo``: the job is claimed before the FIFO jobs of its priority, newest first
+    (see :func:`ready_seq`).
+    """
     now = now or timezone.now()
     delayed = run_after is not None and run_after > now
     job = Job(
@@ -133,6 +165,7 @@ def insert_job(
         available_at=run_after if delayed else now,
         enqueued_at=now,
     )
+    job.seq = ready_seq(job.available_at, lifo)
     d = Dialect(using)
     conn = connections[using]
     wake = not delayed and d.pg and _first_notify_in_transaction(conn, queue)
@@ -150,6 +183,7 @@ def insert_job(
         json.dumps(options),
         max_attempts,
         d.dt(now),
+        job.seq,
     ]
     if wake:
         from .conf import get_settings
@@ -164,7 +198,7 @@ def insert_job(
 
 _INSERT_COLUMNS = (
     "id, backend, queue, task_path, args, kwargs, state, priority, available_at, options, max_attempts, "
-    "enqueued_at, attempts, stalled_count, pending_children, errors, worker_ids"
+    "enqueued_at, attempts, stalled_count, pending_children, errors, worker_ids, seq"
 )
 
 
@@ -178,7 +212,7 @@ def _insert_sql(pg: bool, notify: bool) -> str:
 
     values = ", ".join(
         [cast("uuid"), "%s", "%s", "%s", cast("jsonb"), cast("jsonb"), "%s", "%s", cast("timestamptz"),
-         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'"]
+         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s"]
     )  # fmt: skip
     sql = f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}) VALUES ({values})"
     if notify:
@@ -186,6 +220,115 @@ def _insert_sql(pg: bool, notify: bool) -> str:
         # SELECT pg_notify would cost a round trip. Delivered on commit, like any NOTIFY.
         sql = f"WITH new_job AS ({sql} RETURNING queue) SELECT pg_notify(%s, queue) FROM new_job"
     return sql
+
+
+#: Rows per INSERT statement of :func:`insert_jobs`. 500 rows x 4 parameters + 9 = 2,009 bound
+#: variables: under SQLite's limit (32,766 by default since 3.32, our minimum is 3.35; a build
+#: or connection set lower is honoured, see _rows_per_statement) and PostgreSQL's 65,535. Large
+#: enough that the round trip per statement is a small part of its cost, small enough that one
+#: statement's SQL and parameters stay around 100 KiB however many jobs the caller sends.
+INSERT_CHUNK = 500
+_MANY_ROW_PARAMS = 4  # id, args, kwargs, seq: what differs between the jobs of one batch
+_MANY_SHARED_PARAMS = 9  # the rest, bound once per statement
+
+
+def _insert_many_sql(pg: bool, n: int) -> str:
+    """A multi-row INSERT of ``n`` jobs of one task (no NOTIFY: the caller sends one per batch).
+
+    Only what differs between the jobs is a VALUES row; the columns they share are bound once
+    and repeated by the SELECT. psycopg (client-side binding, Django's default) scans every
+    placeholder of a statement this long on each execution, and with all 13 per row that scan
+    cost more than the database's work: 4 per row tripled the rate on PostgreSQL (15,000 ->
+    44,000 rows/s, 500-row statements) and gained a third on SQLite.
+    """
+
+    def cast(t: str) -> str:
+        return f"%s::{t}" if pg else "%s"
+
+    row = f"({cast('uuid')}, {cast('jsonb')}, {cast('jsonb')}, %s)"
+    shared = ", ".join(
+        ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
+         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq"]
+    )  # fmt: skip
+    return (
+        f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}) "
+        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}) SELECT {shared} FROM v"
+    )
+
+
+# Full chunks are the common case, so only that size is kept; a cache keyed by every size a
+# caller's last chunk happens to have would grow without bound.
+_insert_chunk_sql = functools.cache(_insert_many_sql)
+
+
+def _rows_per_statement(conn: Any) -> int:
+    limit = conn.features.max_query_params  # None on PostgreSQL (65,535, far above a chunk)
+    if limit is None:
+        return INSERT_CHUNK
+    return max(1, min(INSERT_CHUNK, (limit - _MANY_SHARED_PARAMS) // _MANY_ROW_PARAMS))
+
+
+def insert_jobs(
+    *,
+    using: str,
+    rows: list[tuple[str, str]],
+    backend: str,
+    task_path: str,
+    queue: str,
+    priority: int,
+    max_attempts: int,
+    options: dict[str, Any],
+    run_after: datetime | None = None,
+    lifo: bool = False,
+    now: datetime,
+    position: int = 0,
+) -> list[uuid.UUID]:
+    """Insert jobs of one task in the caller's transaction, one multi-row INSERT per
+    :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows``.
+
+    ``rows``: ``(args JSON, kwargs JSON)`` per job, already validated by the caller. Every job
+    gets the state :func:`insert_job` would give it (delayed until ``run_after`` when that is
+    after ``now``, else waiting), ``enqueued_at = now`` and the same ``options``.
+    ``position``: where ``rows[0]`` stands in the caller's whole batch. FIFO jobs of one batch
+    share a seq and keep their order by id; LIFO jobs get ``seq - position`` so the last one
+    given runs first, as if each were enqueued a microsecond after the one before it.
+
+    Sends no NOTIFY: the caller wakes workers once per batch with :func:`notify`.
+    """
+    if not rows:
+        return []
+    d = Dialect(using)
+    conn = connections[using]
+    delayed = run_after is not None and run_after > now
+    available_at = run_after if delayed else now
+    state = JobState.DELAYED if delayed else JobState.WAITING
+    seq = ready_seq(available_at, lifo)
+    step = -1 if lifo else 0
+    # In the order of the shared %s of _insert_many_sql's SELECT.
+    shared = [
+        backend,
+        queue,
+        task_path,
+        state,
+        priority,
+        d.dt(available_at),
+        json.dumps(options),
+        max_attempts,
+        d.dt(now),
+    ]
+    ids = [uuid7() for _ in rows]
+    per_statement = _rows_per_statement(conn)
+    with conn.cursor() as cursor:
+        for start in range(0, len(rows), per_statement):
+            part = rows[start : start + per_statement]
+            params: list[Any] = []
+            for i, (args_json, kwargs_json) in enumerate(part, start):
+                params += (d.uuid(ids[i]), args_json, kwargs_json, seq + step * (position + i))
+            params += shared  # after the rows: the WITH comes first in the statement
+            n = len(part)
+            sql = _insert_chunk_sql(d.pg, n) if n == INSERT_CHUNK else _insert_many_sql(d.pg, n)
+            cursor.execute(sql, params)
+    return ids
 
 
 def _first_notify_in_transaction(conn: Any, queue: str) -> bool:
@@ -249,6 +392,7 @@ def claim_jobs(
     worker_id: str,
     lease_seconds: float,
     backend: str | None = None,
+    job_ids: list[uuid.UUID] | None = None,
     now: datetime | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``;
@@ -278,9 +422,15 @@ def claim_jobs(
     if backend is not None:
         where.append("backend = %s")
         where_params.append(backend)
+    if job_ids is not None:  # the test kit runs one given job
+        if not job_ids:
+            return []
+        sql, params = d.in_list("id", [d.uuid(j) for j in job_ids])
+        where.append(sql)
+        where_params += params
     select_ids = (
         f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, available_at, id LIMIT %s {d.skip_locked()}"
+        f"ORDER BY priority DESC, seq, id LIMIT %s {d.skip_locked()}"
     )
     returning = ", ".join(_CLAIM_COLUMNS)
     sql = (
@@ -296,13 +446,13 @@ def claim_jobs(
         rows = cursor.fetchall()
     jobs = [_claimed(d, row) for row in rows]
     # RETURNING has no order: restore claim order so higher priorities start first.
-    jobs.sort(key=lambda j: (-j.priority, j.available_at, j.id))
+    jobs.sort(key=lambda j: (-j.priority, j.seq, j.id))
     return jobs
 
 
 def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
     (jid, backend, queue, path, args, kwargs, prio, attempts, max_attempts, options, token,
-     enq, started, last, avail, errors, worker_ids) = row  # fmt: skip
+     enq, started, last, avail, errors, worker_ids, seq) = row  # fmt: skip
     return ClaimedJob(
         id=d.to_uuid(jid),
         backend=backend,
@@ -321,6 +471,7 @@ def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
         available_at=d.to_dt(avail),
         errors=d.to_json(errors),
         worker_ids=d.to_json(worker_ids),
+        seq=seq,
     )
 
 
@@ -343,7 +494,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             raise ValueError(f"not an outcome state: {o.state!r}")
     d = Dialect(using)
     now_sql, now_params = d.now(now)
-    row_sql = "({}, {}, {}, {}, {}, {}, {})".format(
+    row_sql = "({}, {}, {}, {}, {}, {}, {}, {})".format(
         d.cast("%s", "uuid"),
         d.cast("%s", "uuid"),
         d.cast("%s", "text"),
@@ -351,6 +502,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         d.cast("%s", "jsonb"),
         d.cast("%s", "timestamptz"),
         d.cast("%s", "integer"),
+        d.cast("%s", "bigint"),
     )
     values: list[Any] = []
     for o in outcomes:
@@ -362,16 +514,18 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             json.dumps(o.error) if o.error is not None else None,
             d.dt(o.available_at),
             1 if o.uncount_attempt else 0,
+            ready_seq(o.available_at) if o.available_at is not None else None,
         ]
     t = JOB_TABLE
     sql = (
-        f"WITH v(id, token, state, rv, err, avail, uncount) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
+        f"WITH v(id, token, state, rv, err, avail, uncount, avail_seq) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
         f"UPDATE {t} SET state = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE v.state END, "
         f"return_value = v.rv, "
         f"attempts = {t}.attempts - v.uncount, "
         f"worker_ids = CASE WHEN v.uncount = 1 THEN {d.json_pop(t + '.worker_ids')} ELSE {t}.worker_ids END, "
         f"errors = CASE WHEN v.err IS NULL THEN {t}.errors ELSE {d.json_append(t + '.errors', 'v.err')} END, "
         f"available_at = COALESCE(v.avail, {t}.available_at), "
+        f"seq = CASE WHEN v.avail_seq IS NULL THEN {t}.seq WHEN {t}.seq < 0 THEN -v.avail_seq ELSE v.avail_seq END, "
         f"finished_at = CASE WHEN v.state IN ('completed', 'failed') OR {t}.cancel_requested_at IS NOT NULL "
         f"THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
@@ -426,8 +580,17 @@ def release_jobs(
     return len(rows)
 
 
-def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> str | None:
-    """Cancel a job; return its state afterwards (``None`` when there is no such job).
+class CancelResult(NamedTuple):
+    #: The job's state afterwards (``active`` for a running job that was flagged).
+    state: str
+    #: What this call did: ``cancelled`` (was waiting/delayed), ``flagged`` (was running), or
+    #: ``None`` (nothing: already finished, or already flagged).
+    change: str | None
+    queue: str
+
+
+def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> CancelResult | None:
+    """Cancel a job; say what happened (``None`` when there is no such job).
 
     A waiting, delayed or waiting-children job becomes ``cancelled`` at once. A running one is
     flagged (``cancel_requested_at``): the task sees ``context.is_cancelled()`` turn true, and
@@ -437,26 +600,55 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
     """
     now = now or timezone.now()
     jobs = Job.objects.using(using).filter(id=job_id)
+    change = None
     if jobs.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).update(
         state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now
     ):
-        return JobState.CANCELLED
-    jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now)
-    return jobs.values_list("state", flat=True).first()
+        change = "cancelled"
+    elif jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now):
+        change = "flagged"
+        # Tell the job's worker now (it also polls). The payload cannot be a queue name: those
+        # start with a letter or digit.
+        conn = connections[using]
+        if conn.vendor == "postgresql":
+            from .conf import get_settings
+
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [get_settings().NOTIFY_CHANNEL, f"{CANCEL_PREFIX}{job_id}"])
+    row = jobs.values_list("state", "queue").first()
+    return None if row is None else CancelResult(row[0], change, row[1])
+
+
+#: NOTIFY payload prefix of "this running job was cancelled" (followed by the job id).
+CANCEL_PREFIX = "!cancel:"
+
+
+def cancel_requested_ids(*, using: str, worker_id: str) -> list[uuid.UUID]:
+    """Ids of ``worker_id``'s running jobs that were cancelled (the worker's poll for cancels)."""
+    d = Dialect(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND worker_id = %s AND cancel_requested_at IS NOT NULL",
+            [worker_id],
+        )
+        return [d.to_uuid(r[0]) for r in cursor.fetchall()]
 
 
 def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> bool:
     """Re-queue a failed or cancelled job (guarded on those states); when its attempts are used up
     it gets one more. Errors and worker ids of earlier attempts are kept."""
-    from django.db.models import Case, F, PositiveIntegerField, When
+    from django.db.models import BigIntegerField, Case, F, PositiveIntegerField, Value, When
 
     now = now or timezone.now()
+    seq = ready_seq(now)
     return bool(
         Job.objects.using(using)
         .filter(id=job_id, state__in=[JobState.FAILED, JobState.CANCELLED])
         .update(
             state=JobState.WAITING,
             available_at=now,
+            # Ready now: a new seq from now, keeping the sign (a LIFO job stays LIFO).
+            seq=Case(When(seq__lt=0, then=Value(-seq)), default=Value(seq), output_field=BigIntegerField()),
             finished_at=None,
             cancel_requested_at=None,
             max_attempts=Case(
@@ -565,18 +757,46 @@ def promote_due_jobs(*, using: str, limit: int, backend: str | None = None, now:
     return len(rows)
 
 
+def make_due(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = None) -> int:
+    """Move the given delayed jobs to ``waiting`` now, whatever their time (the test kit's
+    ``drain_queue``); guarded on ``delayed``. Returns how many moved."""
+    from django.db.models import BigIntegerField, Case, Value, When
+
+    if not job_ids:
+        return 0
+    now = now or timezone.now()
+    seq = ready_seq(now)
+    return (
+        Job.objects.using(using)
+        .filter(id__in=job_ids, state=JobState.DELAYED)
+        .update(
+            state=JobState.WAITING,
+            available_at=now,
+            seq=Case(When(seq__lt=0, then=Value(-seq)), default=Value(seq), output_field=BigIntegerField()),
+        )
+    )
+
+
 def _backend_scope(backend: str | None) -> tuple[str, list[Any]]:
     return (" AND backend = %s", [backend]) if backend is not None else ("", [])
 
 
+class RescuedJob(NamedTuple):
+    id: uuid.UUID
+    queue: str
+    backend: str
+    #: ``waiting`` (it runs again) or ``failed`` (it stalled more than MAX_STALLED times).
+    state: str
+
+
 def rescue_stalled_jobs(
     *, using: str, max_stalled: int, limit: int, backend: str | None = None, now: datetime | None = None
-) -> tuple[int, int]:
+) -> list[RescuedJob]:
     """Handle active jobs whose lease expired (their worker died or hung).
 
     A job that stalled at most ``max_stalled`` times goes back to ``waiting`` (the interrupted
     attempt is not counted; ``stalled_count`` is); one that stalled more is ``failed`` with a
-    ``JobStalled`` error. Only jobs of ``backend`` when given. Returns ``(requeued, failed)``.
+    ``JobStalled`` error. Only jobs of ``backend`` when given. Returns the jobs it changed.
     """
     d = Dialect(using)
     now_sql, now_params = d.now(now)
@@ -604,17 +824,16 @@ def rescue_stalled_jobs(
             f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql}{scope} "
             f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}"
         )
-        + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, state"
+        + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, backend, state"
     )
     params = [json.dumps(error), *now_params, *now_params, *scope_params, limit, *now_params]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    requeued = [r for r in rows if r[2] == JobState.WAITING]
+        rows = [RescuedJob(d.to_uuid(r[0]), r[1], r[2], r[3]) for r in cursor.fetchall()]
     for r in rows:
-        logger.warning("Rescued stalled job %s (lease expired): now %s.", d.to_uuid(r[0]), r[2])
-    notify(using, sorted({r[1] for r in requeued}))
-    return len(requeued), len(rows) - len(requeued)
+        logger.warning("Rescued stalled job %s (lease expired): now %s.", r.id, r.state)
+    notify(using, sorted({r.queue for r in rows if r.state == JobState.WAITING}))
+    return rows
 
 
 def register_worker(

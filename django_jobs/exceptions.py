@@ -51,6 +51,18 @@ class JobStalled(JobsError):
     """The job's worker stopped renewing its lease too many times (it crashed or was killed)."""
 
 
+class JobTimeout(JobsError):
+    """The attempt ran past the task's timeout and was given up."""
+
+
+class JobCancelled(JobsError):
+    """The job was cancelled while it ran (``django_jobs.cancel``)."""
+
+
+class ChildProcessDied(JobsError):
+    """The child process running the job (``--isolation process``) died before it answered."""
+
+
 class DatabaseUnavailable(JobsError):
     """The database could not be reached."""
 

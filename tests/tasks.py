@@ -259,3 +259,13 @@ def until_cancelled(context, path: str):
         time.sleep(0.02)
     record(path, event="noticed", at=time.time())
     return "stopped"
+
+
+# -- LIFO and enqueue_many (tests/test_lifo_and_bulk.py) ---------------------------------------
+
+
+@task(lifo=True)
+def lifo_mark(path: str, key) -> str:
+    """``mark`` as a LIFO task: claimed before FIFO jobs of its priority, newest first."""
+    record(path, key=key, pid=os.getpid())
+    return key

@@ -164,8 +164,8 @@ def test_unknown_decorator_option_is_a_type_error_naming_it():
 
 
 def test_unknown_using_option_is_a_type_error_naming_it():
-    with pytest.raises(TypeError, match="timeout"):
-        tasks.noop.using(timeout=5)
+    with pytest.raises(TypeError, match="frobnicate"):
+        tasks.noop.using(frobnicate=5)
 
 
 @pytest.mark.parametrize("value", [0, -1, "3", 2.5, True])

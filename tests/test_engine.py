@@ -335,8 +335,11 @@ def test_promote_moves_at_most_limit_jobs_earliest_first():
 # -- rescue ----------------------------------------------------------------------------------
 
 
-def rescue(now: datetime, max_stalled: int = 1) -> tuple[int, int]:
-    return engine.rescue_stalled_jobs(using="default", max_stalled=max_stalled, limit=100, now=now)
+def rescue(now: datetime, max_stalled: int = 1, limit: int = 100) -> tuple[int, int]:
+    """(requeued, failed) of one rescue pass."""
+    rows = engine.rescue_stalled_jobs(using="default", max_stalled=max_stalled, limit=limit, now=now)
+    requeued = sum(r.state == JobState.WAITING for r in rows)
+    return requeued, len(rows) - requeued
 
 
 @db
@@ -377,7 +380,7 @@ def test_rescue_handles_at_most_limit_jobs_per_call():
     for i in range(5):
         make_job(now=at(i))
     claim(now=at(0))
-    assert engine.rescue_stalled_jobs(using="default", max_stalled=1, limit=2, now=at(LEASE + 1)) == (2, 0)
+    assert rescue(now=at(LEASE + 1), limit=2) == (2, 0)
     assert Job.objects.filter(state=JobState.WAITING).count() == 2
 
 
@@ -621,8 +624,8 @@ def test_hot_path_indexes_are_partial():
 @db
 def test_ready_indexes_match_the_claim_order_on_postgresql():
     definitions = index_definitions()
-    assert "(priority DESC, available_at, id)" in definitions["django_jobs_ready_idx"]
-    assert "(queue, priority DESC, available_at, id)" in definitions["django_jobs_ready_queue_idx"]
+    assert "(priority DESC, seq, id)" in definitions["django_jobs_ready_idx"]
+    assert "(queue, priority DESC, seq, id)" in definitions["django_jobs_ready_queue_idx"]
     for name in ("django_jobs_ready_idx", "django_jobs_ready_queue_idx"):
         assert "WHERE ((state)::text = 'waiting'::text)" in definitions[name]
 

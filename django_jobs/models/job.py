@@ -15,11 +15,12 @@ class JobQuerySet(models.QuerySet):
     """The read vocabulary. Writes go through :mod:`django_jobs.engine` only."""
 
     def ready(self, queues: list[str] | None = None) -> JobQuerySet:
-        """Waiting jobs in claim order (priority first, then availability, then id)."""
+        """Waiting jobs in claim order (priority first, then ``seq``: LIFO newest first, then
+        FIFO by availability; then id)."""
         qs = self.filter(state=JobState.WAITING)
         if queues:
             qs = qs.filter(queue__in=queues)
-        return qs.order_by("-priority", "available_at", "id")
+        return qs.order_by("-priority", "seq", "id")
 
     def due(self, now: datetime) -> JobQuerySet:
         """Delayed jobs whose time has come."""
@@ -51,6 +52,11 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0)
     #: When the job may run: enqueue time, ``run_after``, or the end of a retry's backoff.
     available_at = models.DateTimeField()
+    #: Claim order within a priority (seed schema's ``job_seq``): microseconds since the Unix
+    #: epoch of the moment the job became ready (``available_at``), negated for a LIFO job so
+    #: LIFO jobs sort ahead of FIFO ones, newest first, with one ascending column and one index.
+    #: Set by the engine at enqueue and when a retry or snooze reschedules the job.
+    seq = models.BigIntegerField(default=0)
     #: Per-job options given at enqueue (backoff, and what later features add); settings fill
     #: in what is missing when the worker needs it.
     options = models.JSONField(default=dict, blank=True)
@@ -96,12 +102,12 @@ class Job(models.Model):
             # The ready set in claim order. Only waiting rows, so it stays small. Workers of all
             # queues walk the first; workers of one queue the second.
             models.Index(
-                fields=["-priority", "available_at", "id"],
+                fields=["-priority", "seq", "id"],
                 name="django_jobs_ready_idx",
                 condition=Q(state="waiting"),
             ),
             models.Index(
-                fields=["queue", "-priority", "available_at", "id"],
+                fields=["queue", "-priority", "seq", "id"],
                 name="django_jobs_ready_queue_idx",
                 condition=Q(state="waiting"),
             ),

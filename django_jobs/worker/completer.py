@@ -88,6 +88,8 @@ class Completer(threading.Thread):
             failed = engine.Outcome(
                 job_id=outcome.job_id,
                 lease_token=outcome.lease_token,
+                queue=outcome.queue,
+                attempt=outcome.attempt,
                 state=JobState.FAILED,
                 error={
                     "exception_class_path": "django_jobs.exceptions.OutcomeNotStored",

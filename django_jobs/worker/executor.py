@@ -8,8 +8,11 @@ that the completer writes in a batch. ``task_started`` and ``task_finished`` are
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,7 +30,17 @@ from ..backoff import compute_backoff
 from ..conf import get_settings
 from ..context import JobContext
 from ..engine import ClaimedJob, Outcome
-from ..exceptions import Fail, InvalidTaskArguments, NonJSONReturnValue, Retry, Snooze, TaskNotFound
+from ..exceptions import (
+    Fail,
+    InvalidTaskArguments,
+    JobCancelled,
+    JobsError,
+    JobTimeout,
+    NonJSONReturnValue,
+    Retry,
+    Snooze,
+    TaskNotFound,
+)
 from ..states import JobState
 
 logger = logging.getLogger("django_jobs.worker")
@@ -43,14 +56,71 @@ def error_record(exc: BaseException, attempt: int) -> dict[str, Any]:
     }
 
 
+class Attempt:
+    """One running attempt of a job, shared by the thread running it and the worker watching it.
+
+    Exactly one party records the attempt's outcome: the thread that ran it, or the worker when
+    it gives the attempt up (timeout, cancel in a child process). :meth:`settle` hands out that
+    right once; whoever loses drops its outcome.
+    """
+
+    __slots__ = ("job", "timeout", "deadline", "cancelled", "future", "abandoned", "in_child", "watched",
+                 "_lock", "_settled")  # fmt: skip
+
+    def __init__(self, job: ClaimedJob, *, timeout: float | None = None, watched: bool = False):
+        self.job = job
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout else None
+        #: Set when the job is cancelled while it runs; ``context.is_cancelled()`` reads it.
+        self.cancelled = threading.Event()
+        #: An async task's future, so a cancel or timeout can cancel the coroutine.
+        self.future: concurrent.futures.Future | None = None
+        #: The worker gave up on the thread running this attempt (it ran past its timeout).
+        self.abandoned = False
+        #: Run by a child process (``--isolation process``), which the worker kills instead.
+        self.in_child = False
+        #: A worker delivers cancels to ``cancelled``; otherwise the context asks the database.
+        self.watched = watched
+        self._lock = threading.Lock()
+        self._settled = False
+
+    def settle(self) -> bool:
+        """Claim the right to record this attempt's outcome; True for the first caller only."""
+        with self._lock:
+            if self._settled:
+                return False
+            self._settled = True
+            return True
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def cancel(self) -> None:
+        """The job was cancelled: tell the task, and cancel it outright when it is a coroutine."""
+        self.cancelled.set()
+        future = self.future
+        if future is not None:
+            future.cancel()
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+def job_timeout(job: ClaimedJob) -> float | None:
+    timeout = job.options.get("timeout")
+    return float(timeout) if timeout else None
+
+
 class Executor:
     """Runs claimed jobs. One instance per worker; thread-safe (no mutable shared state but
-    the task cache, whose races are harmless)."""
+    the task and middleware caches, whose races are harmless)."""
 
     def __init__(self, *, worker_id: str, loop_getter: Callable[[], asyncio.AbstractEventLoop]):
         self.worker_id = worker_id
         self._loop_getter = loop_getter
         self._tasks: dict[tuple[str, str, str, int], Task] = {}
+        self._chains: dict[tuple[str, Any], Callable[[JobContext], Any]] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
         key = (job.task_path, job.backend, job.queue, job.priority)
@@ -59,6 +129,18 @@ class Executor:
             task = task_for_job(job.task_path, job.backend, job.queue, job.priority)
             self._tasks[key] = task
         return task
+
+    def chain_for(self, backend: str) -> Callable[[JobContext], Any]:
+        """The ``MIDDLEWARE`` of ``backend`` wrapped around the task call, built once (outermost
+        first, like Django's). Raises JobsConfigurationError for a path that does not import or a
+        factory that does not return a callable."""
+        paths = get_settings(backend).MIDDLEWARE
+        key = (backend, tuple(paths) if isinstance(paths, (list, tuple)) else paths)
+        chain = self._chains.get(key)  # keyed on the paths too: tests override the setting
+        if chain is None:
+            chain = build_middleware_chain(paths, self._invoke)
+            self._chains[key] = chain
+        return chain
 
     def _result(
         self, job: ClaimedJob, task: Task, status: TaskResultStatus, errors: list[dict[str, Any]]
@@ -80,21 +162,36 @@ class Executor:
             worker_ids=list(job.worker_ids),
         )
 
-    def execute(self, job: ClaimedJob) -> Outcome:
+    def execute(self, job: ClaimedJob, attempt: Attempt | None = None) -> Outcome | None:
         """Run one attempt of ``job`` and say what it came to. Never raises but for
-        KeyboardInterrupt; a task's SystemExit is recorded like any other error."""
+        KeyboardInterrupt; a task's SystemExit is recorded like any other error.
+
+        Returns None when the worker gave the attempt up meanwhile (see :meth:`give_up`): its
+        late outcome is dropped and logged.
+        """
+        if attempt is None:
+            attempt = Attempt(job, timeout=job_timeout(job))
         try:
             task = self._task_for(job)
         except TaskNotFound as exc:
             logger.error("Job %s failed: %s", job.id, exc)
-            return Outcome(
-                job_id=job.id, lease_token=job.lease_token, state=JobState.FAILED, error=error_record(exc, job.attempts)
-            )
-        backend_cls = _backend_class(job.backend)
+            if not attempt.settle():
+                return None
+            return _outcome(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
+        backend_cls = backend_class(job.backend)
         result = self._result(job, task, TaskResultStatus.RUNNING, job.errors)
         _send(task_started, backend_cls, result)
         try:
-            value = self._call(task, job, result)
+            context = JobContext(
+                task_result=result,
+                job_id=str(job.id),
+                queue=job.queue,
+                max_attempts=job.max_attempts,
+                lease_token=job.lease_token,
+                database=get_settings(job.backend).DATABASE,
+                attempt_state=attempt,
+            )
+            value = self.chain_for(job.backend)(context)
             try:
                 check_json(value, "the return value")
                 value_json = json.dumps(value, allow_nan=False)
@@ -103,42 +200,72 @@ class Executor:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
+            if not attempt.settle():
+                return _late(job, f"failed with {exc!r}")
             outcome = self._failure(job, exc)
-            errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
-            status = TaskResultStatus.FAILED if outcome.state == JobState.FAILED else TaskResultStatus.READY
-            done = self._result(job, task, status, errors)
-            object.__setattr__(done, "finished_at", timezone.now() if status == TaskResultStatus.FAILED else None)
-            _send(task_finished, backend_cls, done)
+            self._send_finished(job, task, outcome, backend_cls)  # inside except: receivers see exc_info
             return outcome
+        if not attempt.settle():
+            return _late(job, "completed")
         done = self._result(job, task, TaskResultStatus.SUCCESSFUL, job.errors)
         object.__setattr__(done, "finished_at", timezone.now())
         object.__setattr__(done, "_return_value", value)
         _send(task_finished, backend_cls, done)
-        return Outcome(
-            job_id=job.id, lease_token=job.lease_token, state=JobState.COMPLETED, return_value_json=value_json
-        )
+        return _outcome(job, state=JobState.COMPLETED, return_value_json=value_json)
 
-    def _call(self, task: Task, job: ClaimedJob, result: TaskResult) -> Any:
-        args = list(job.args)
-        if task.takes_context:
-            context = JobContext(
-                task_result=result,
-                job_id=str(job.id),
-                queue=job.queue,
-                max_attempts=job.max_attempts,
-                lease_token=job.lease_token,
-                database=get_settings(job.backend).DATABASE,
-            )
-            args.insert(0, context)
-        if iscoroutinefunction(task.func):
-            # Async tasks share the worker's event loop; this thread holds the job's slot.
-            future = asyncio.run_coroutine_threadsafe(task.func(*args, **job.kwargs), self._loop_getter())
-            return future.result()
-        return task.func(*args, **job.kwargs)
+    def give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
+        """Record ``attempt`` as failed with ``exc`` (a timeout, or a cancel or death in a child
+        process) unless its own outcome was recorded first; None then."""
+        if not attempt.settle():
+            return None
+        job = attempt.job
+        outcome = self._failure(job, exc)
+        try:
+            task = self._task_for(job)
+        except TaskNotFound:
+            return outcome
+        self._send_finished(job, task, outcome, backend_class(job.backend))
+        return outcome
+
+    def _send_finished(self, job: ClaimedJob, task: Task, outcome: Outcome, backend_cls: type) -> None:
+        errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
+        status = TaskResultStatus.FAILED if outcome.state == JobState.FAILED else TaskResultStatus.READY
+        done = self._result(job, task, status, errors)
+        object.__setattr__(done, "finished_at", timezone.now() if status == TaskResultStatus.FAILED else None)
+        _send(task_finished, backend_cls, done)
+
+    def _invoke(self, context: JobContext) -> Any:
+        """The innermost handler of the middleware chain: call the task."""
+        result = context.task_result
+        task = result.task
+        attempt: Attempt = context.attempt_state
+        args = [context, *result.args] if task.takes_context else result.args
+        if not iscoroutinefunction(task.func):
+            return task.func(*args, **result.kwargs)
+        # Async tasks share the worker's event loop; this thread holds the job's slot and waits.
+        # run_coroutine_threadsafe copies this thread's contextvars into the task, so what a
+        # middleware sets (a tenant, a trace span) is seen by the coroutine.
+        future = asyncio.run_coroutine_threadsafe(task.func(*args, **result.kwargs), self._loop_getter())
+        attempt.future = future
+        if attempt.cancelled.is_set():
+            future.cancel()
+        try:
+            return future.result(timeout=attempt.remaining())
+        except TimeoutError:
+            if future.done():
+                raise  # the coroutine's own TimeoutError
+            future.cancel()
+            raise JobTimeout(
+                f"{task.module_path} ran longer than its timeout of {attempt.timeout:g}s; the coroutine was cancelled."
+            ) from None
+        except concurrent.futures.CancelledError:
+            raise JobCancelled(
+                f"Job {context.job_id} was cancelled while it ran; the coroutine was cancelled."
+            ) from None
 
     def _failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """Classify an attempt that raised: Snooze, Fail, Retry, or any other error."""
-        ids = {"job_id": job.id, "lease_token": job.lease_token}
+        ids = {"job_id": job.id, "lease_token": job.lease_token, "queue": job.queue, "attempt": job.attempts}
         if isinstance(exc, Snooze):
             # Not a failed attempt: the attempt (and its worker id) are taken back.
             logger.info("Job %s snoozed for %.2fs", job.id, exc.seconds)
@@ -196,10 +323,46 @@ def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
             logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response)
 
 
+def _outcome(job: ClaimedJob, **fields: Any) -> Outcome:
+    return Outcome(job_id=job.id, lease_token=job.lease_token, queue=job.queue, attempt=job.attempts, **fields)
+
+
+def _late(job: ClaimedJob, what: str) -> None:
+    logger.warning(
+        "Job %s %s after the worker had given it up (timed out); this late outcome is discarded.", job.id, what
+    )
+    return None
+
+
+def build_middleware_chain(paths: Any, innermost: Callable[[JobContext], Any]) -> Callable[[JobContext], Any]:
+    """Wrap ``innermost`` in the middleware factories named by ``paths``, the first outermost.
+
+    A middleware is Django-style: ``factory(call_next) -> handler``, and ``handler(context)``
+    returns the task's return value or raises; ``context`` is the attempt's JobContext.
+    """
+    from ..exceptions import JobsConfigurationError
+
+    if isinstance(paths, str) or not isinstance(paths, (list, tuple)):
+        raise JobsConfigurationError(f"MIDDLEWARE must be a list of dotted paths; got {paths!r}.")
+    handler = innermost
+    for path in reversed(paths):
+        try:
+            factory = import_string(path)
+        except ImportError as exc:
+            raise JobsConfigurationError(f"MIDDLEWARE entry {path!r} does not import: {exc}") from None
+        handler = factory(handler)
+        if not callable(handler):
+            raise JobsConfigurationError(
+                f"MIDDLEWARE entry {path!r} returned {handler!r}; a middleware factory must return a callable "
+                "handler(context)."
+            )
+    return handler
+
+
 _backend_classes: dict[str, type] = {}
 
 
-def _backend_class(alias: str) -> type:
+def backend_class(alias: str) -> type:
     cls = _backend_classes.get(alias)
     if cls is None:
         from django.tasks import task_backends

@@ -10,8 +10,12 @@ import logging
 import random
 import re
 import threading
+import uuid
+from collections.abc import Callable
 
 from django.db import connections
+
+from ..engine import CANCEL_PREFIX
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -27,6 +31,7 @@ class Listener(threading.Thread):
         queues: list[str] | None,
         wake: threading.Event,
         stopping: threading.Event,
+        on_cancel: Callable[[uuid.UUID], None] | None = None,
     ):
         super().__init__(name="jobs-listener", daemon=True)
         if not CHANNEL_RE.match(channel):
@@ -36,6 +41,7 @@ class Listener(threading.Thread):
         self.queues = set(queues) if queues else None
         self.wake = wake
         self.stopping = stopping
+        self.on_cancel = on_cancel
         self.connected = threading.Event()
 
     def run(self) -> None:
@@ -53,7 +59,9 @@ class Listener(threading.Thread):
                 while not self.stopping.is_set():
                     # A short timeout so that stop() is noticed quickly.
                     for note in raw.notifies(timeout=0.2):
-                        if self.queues is None or note.payload in self.queues:
+                        if note.payload.startswith(CANCEL_PREFIX):
+                            self._cancelled(note.payload)
+                        elif self.queues is None or note.payload in self.queues:
                             self.wake.set()
                         if self.stopping.is_set():
                             break
@@ -63,7 +71,18 @@ class Listener(threading.Thread):
                 logger.warning("LISTEN connection lost (%s); polling until it is back.", exc)
                 self.stopping.wait(min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
             finally:
+                self.connected.clear()
                 try:
                     wrapper.close()
                 except Exception:  # noqa: BLE001
                     pass
+
+    def _cancelled(self, payload: str) -> None:
+        if self.on_cancel is None:
+            return
+        try:
+            job_id = uuid.UUID(payload[len(CANCEL_PREFIX) :])
+        except ValueError:
+            logger.warning("Ignoring a malformed cancel notification %r.", payload)
+            return
+        self.on_cancel(job_id)

@@ -8,9 +8,16 @@ Threads of one worker process:
 * ``concurrency`` **executor** threads each run one job at a time (async tasks run on a shared
   event loop thread while the executor thread holds their slot);
 * the **completer** writes outcomes in batches, guarded on each job's lease;
-* the **maintainer** renews leases and the heartbeat and runs the services (promoter, rescuer,
-  reaper);
-* on PostgreSQL, the **listener** holds a dedicated connection that LISTENs for new jobs.
+* the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
+  the services (promoter, rescuer, reaper);
+* the **watchdog** gives up attempts that run past their timeout: it records them as failed,
+  frees their slot and starts a new executor thread (a Python thread cannot be killed; the old
+  one runs on and its late outcome is discarded);
+* on PostgreSQL, the **listener** holds a dedicated connection that LISTENs for new jobs and
+  for cancels of running ones.
+
+With ``isolation="process"`` each executor thread runs its jobs in a child process instead
+(:mod:`django_jobs.worker.isolation`), which is killed at the job's deadline or cancel.
 """
 
 from __future__ import annotations
@@ -35,13 +42,14 @@ from django.utils.crypto import get_random_string
 from .. import engine
 from ..conf import get_settings
 from ..db import is_transient
-from ..exceptions import JobsError, WorkerCrashed
+from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
 from ..models import Job
 from ..services import Promoter, Reaper, Rescuer
-from ..signals import worker_started, worker_stopped
+from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Executor, error_record
+from .executor import Attempt, Executor, error_record, job_timeout
+from .isolation import ChildProcess
 from .listener import CHANNEL_RE, Listener
 
 logger = logging.getLogger("django_jobs.worker")
@@ -51,6 +59,16 @@ job_logger = logging.getLogger("django_jobs.worker.jobs")
 #: before it claims, so one claim (a round trip and a commit, about a millisecond) fills several
 #: slots instead of one each; short jobs finish within it, long ones barely notice it.
 CLAIM_LINGER = 0.002
+
+#: An async task gets this long past its deadline to end by cancellation before the watchdog
+#: gives up on it (the event loop may be blocked by sync code inside the coroutine).
+ASYNC_TIMEOUT_GRACE = 1.0
+
+#: How often a worker asks the database for cancels of its running jobs when no NOTIFY tells it
+#: (SQLite, or PostgreSQL while the listener reconnects).
+CANCEL_POLL_INTERVAL = 0.5
+
+ISOLATIONS = ("thread", "process")
 
 
 class InvalidWorkerOption(JobsError, ValueError):
@@ -62,13 +80,16 @@ class WorkerStats:
     completed: int = 0
     failed: int = 0
     retried: int = 0
+    snoozed: int = 0
+    cancelled: int = 0
+    timed_out: int = 0
     started_at: float = field(default_factory=time.monotonic)
     stopped_at: float | None = None
     released: int = 0
 
     @property
     def processed(self) -> int:
-        return self.completed + self.failed + self.retried
+        return self.completed + self.failed + self.retried + self.snoozed + self.cancelled
 
     @property
     def elapsed(self) -> float:
@@ -82,7 +103,11 @@ class WorkerStats:
         return (
             f"{self.processed} jobs processed in {self.elapsed:.1f}s ({self.rate:.1f}/s): "
             f"{self.completed} completed, {self.failed} failed, {self.retried} retried"
-            + (f", {self.released} released" if self.released else "")
+            + "".join(
+                f", {getattr(self, name)} {name.replace('_', ' ')}"
+                for name in ("snoozed", "cancelled", "timed_out", "released")
+                if getattr(self, name)
+            )
         )
 
 
@@ -98,7 +123,9 @@ class Worker:
     those queues. ``max_jobs``/``max_time``: stop after that many jobs/seconds. ``sleep``: idle
     poll interval (default ``POLL_INTERVAL``). ``grace``: seconds running jobs get to finish on
     shutdown before they are released back to waiting. ``handle_signals``: install SIGTERM/SIGINT
-    handlers (only possible from the main thread).
+    handlers (only possible from the main thread). ``isolation``: ``"thread"`` (default) runs
+    jobs in this process's threads; ``"process"`` runs each slot's jobs in a child process that
+    is killed at a job's timeout or cancel.
     """
 
     def __init__(
@@ -114,6 +141,7 @@ class Worker:
         grace: float = 30.0,
         worker_id: str | None = None,
         handle_signals: bool = False,
+        isolation: str = "thread",
     ):
         from django.tasks import task_backends
         from django.tasks.exceptions import InvalidTaskBackend
@@ -145,6 +173,8 @@ class Worker:
                 raise InvalidWorkerOption(f"{name} must be a number of seconds > 0; got {value!r}.")
         if not isinstance(grace, (int, float)) or grace < 0:
             raise InvalidWorkerOption(f"grace must be a number of seconds >= 0; got {grace!r}.")
+        if isolation not in ISOLATIONS:
+            raise InvalidWorkerOption(f"isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}.")
 
         self.backend = backend
         self.settings = get_settings(backend)
@@ -163,6 +193,11 @@ class Worker:
         if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
             raise InvalidWorkerOption(f"NOTIFY_CHANNEL must be a lower-case SQL identifier; got {channel!r}.")
         self.handle_signals = handle_signals
+        self.isolation = isolation
+        if isolation == "process" and connections[self.using].vendor == "sqlite":
+            name = str(connections[self.using].settings_dict.get("NAME", ""))
+            if name in ("", ":memory:") or "mode=memory" in name:
+                raise InvalidWorkerOption("isolation='process' needs a database file; an in-memory SQLite is private.")
         self.stats = WorkerStats()
 
         self._stopping = threading.Event()
@@ -176,6 +211,14 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._executor = Executor(worker_id=self.worker_id, loop_getter=self._event_loop)
+        try:
+            self._executor.chain_for(backend)  # a broken MIDDLEWARE fails here, not job by job
+        except JobsConfigurationError as exc:
+            raise InvalidWorkerOption(str(exc)) from None
+        # Running attempts by job id: the watchdog reads their deadlines, cancels reach them here.
+        self._attempts: dict[Any, Attempt] = {}
+        self._attempts_lock = threading.Lock()
+        self._listener: Listener | None = None
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._threads: list[threading.Thread] = []
         self._signals_seen = 0
@@ -346,54 +389,191 @@ class Worker:
 
     def _execute_loop(self) -> None:
         verbose = job_logger.isEnabledFor(logging.INFO)
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            close_old_connections()
-            t0 = time.perf_counter()
-            try:
-                outcome = self._executor.execute(job)
-            except BaseException as exc:  # noqa: BLE001 - not the task's error (those are outcomes): ours
-                # Fail the job rather than release it, which would run it into the same bug forever.
-                logger.exception("Running job %s failed inside django-jobs; failing the job.", job.id)
-                outcome = engine.Outcome(
-                    job_id=job.id,
-                    lease_token=job.lease_token,
-                    state=JobState.FAILED,
-                    error=error_record(exc, job.attempts),
-                )
-            finally:
+        child: ChildProcess | None = None
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                attempt = Attempt(job, timeout=job_timeout(job), watched=True)
+                attempt.in_child = self.isolation == "process"
+                with self._attempts_lock:
+                    self._attempts[job.id] = attempt
                 close_old_connections()
-            if verbose:
-                job_logger.info(
-                    "%s %s %s attempt %d/%d in %.1f ms",
-                    job.id,
-                    job.task_path,
-                    outcome.state,
-                    job.attempts,
-                    job.max_attempts,
-                    (time.perf_counter() - t0) * 1000,
-                )
-            self._completer.submit(outcome)
-            with self._slots:
-                self._inflight -= 1
-                # Only the producer waits on _slots: for a first free slot, or (lingering, shutting
-                # down, --max-jobs) for all of them. Waking it for each job would cost a thread
-                # switch per job.
-                if self._inflight == self.concurrency - 1 or not self._inflight:
-                    self._slots.notify()
+                t0 = time.perf_counter()
+                try:
+                    if attempt.in_child:
+                        outcome, child = self._run_in_child(attempt, child)
+                    else:
+                        outcome = self._executor.execute(job, attempt)
+                except BaseException as exc:  # noqa: BLE001 - not the task's error (those are outcomes): ours
+                    # Fail the job rather than release it, which would run it into the same bug forever.
+                    logger.exception("Running job %s failed inside django-jobs; failing the job.", job.id)
+                    outcome = None
+                    if attempt.settle():
+                        outcome = engine.Outcome(
+                            job_id=job.id,
+                            lease_token=job.lease_token,
+                            state=JobState.FAILED,
+                            error=error_record(exc, job.attempts),
+                            queue=job.queue,
+                            attempt=job.attempts,
+                        )
+                finally:
+                    close_old_connections()
+                    with self._attempts_lock:
+                        if self._attempts.get(job.id) is attempt:
+                            del self._attempts[job.id]
+                if outcome is None:
+                    # The watchdog gave this attempt up, recorded it and freed its slot.
+                    if attempt.abandoned:
+                        return  # a new executor thread has taken this one's place
+                    continue
+                if verbose:
+                    job_logger.info(
+                        "%s %s %s attempt %d/%d in %.1f ms",
+                        job.id,
+                        job.task_path,
+                        outcome.state,
+                        job.attempts,
+                        job.max_attempts,
+                        (time.perf_counter() - t0) * 1000,
+                    )
+                self._finish(outcome)
+        finally:
+            if child is not None:
+                child.close()
 
-    def _on_written(self, outcomes: list[engine.Outcome], written: set[Any]) -> None:
+    def _finish(self, outcome: engine.Outcome) -> None:
+        """Hand an attempt's outcome to the completer and free its slot."""
+        self._completer.submit(outcome)
+        with self._slots:
+            self._inflight -= 1
+            # Only the producer waits on _slots: for a first free slot, or (lingering, shutting
+            # down, --max-jobs) for all of them. Waking it for each job would cost a thread
+            # switch per job.
+            if self._inflight == self.concurrency - 1 or not self._inflight:
+                self._slots.notify()
+
+    def _run_in_child(
+        self, attempt: Attempt, child: ChildProcess | None
+    ) -> tuple[engine.Outcome | None, ChildProcess | None]:
+        """Run ``attempt`` in this slot's child process (started or replaced as needed); kill
+        the child at the deadline or on cancel. Returns the outcome and the child to reuse."""
+        job = attempt.job
+        if child is None or not child.alive:
+            if child is not None:
+                child.kill()
+            child = ChildProcess(worker_id=self.worker_id, index=self._claimed_total)
+        try:
+            child.conn.send(job)
+        except (OSError, ValueError) as exc:
+            child.kill()
+            return self._executor.give_up(
+                attempt, ChildProcessDied(f"Could not hand the job to its child: {exc}")
+            ), None
+        while True:
+            if child.conn.poll(0.05):
+                try:
+                    outcome = child.conn.recv()
+                except (EOFError, OSError):
+                    break
+                return (outcome if attempt.settle() else None), child
+            if attempt.cancelled.is_set():
+                child.kill()
+                logger.info("Job %s was cancelled; killed its child process.", job.id)
+                return self._executor.give_up(attempt, JobCancelled(f"Job {job.id} was cancelled while it ran; its "
+                                                                    "child process was killed.")), None  # fmt: skip
+            if attempt.deadline is not None and time.monotonic() >= attempt.deadline:
+                child.kill()
+                self.stats.timed_out += 1
+                logger.warning("Job %s ran past its timeout of %gs; killed its child process.", job.id, attempt.timeout)
+                return self._executor.give_up(attempt, JobTimeout(
+                    f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s; its child process was "
+                    "killed.")), None  # fmt: skip
+            if not child.alive:
+                break
+            if self._maintenance_done.is_set():
+                # Shut down after the grace period: the job was released; stop its child.
+                child.kill()
+                return None, None
+        child.process.join(2)  # the pipe closes a moment before the process can be reaped
+        code = child.process.exitcode
+        child.kill()
+        logger.error("The child process running job %s died (exit code %s).", job.id, code)
+        return self._executor.give_up(attempt, ChildProcessDied(
+            f"The child process running {job.task_path} died (exit code {code}) before it answered; "
+            "the code it ran crashed the interpreter or was killed.")), None  # fmt: skip
+
+    def _watch(self) -> None:
+        """The watchdog: give up attempts (run by threads) that are past their deadline."""
+        while not self._maintenance_done.wait(0.05):
+            now = time.monotonic()
+            with self._attempts_lock:
+                due = [
+                    a
+                    for a in self._attempts.values()
+                    if a.deadline is not None
+                    and not a.in_child
+                    and now >= a.deadline + (ASYNC_TIMEOUT_GRACE if a.future is not None else 0.0)
+                ]
+            for attempt in due:
+                job = attempt.job
+                error = JobTimeout(
+                    f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s. Its thread cannot be "
+                    "stopped and was left running; whatever it returns later is discarded."
+                )
+                outcome = self._executor.give_up(attempt, error)
+                if outcome is None:
+                    continue  # it finished at the same moment: its own outcome stands
+                attempt.abandoned = True
+                with self._attempts_lock:
+                    if self._attempts.get(job.id) is attempt:
+                        del self._attempts[job.id]
+                self.stats.timed_out += 1
+                logger.warning(
+                    "Job %s ran past its timeout of %gs: recorded as %s. Its thread cannot be stopped and "
+                    "runs on; a new thread takes its slot (use --isolation process to kill such jobs).",
+                    job.id,
+                    attempt.timeout,
+                    outcome.state,
+                )
+                self._spawn_executor()
+                self._finish(outcome)
+
+    def _on_cancel(self, job_id: Any) -> None:
+        """A running job of ours was cancelled: tell its attempt (threads see is_cancelled(),
+        coroutines are cancelled, child processes killed)."""
+        with self._attempts_lock:
+            attempt = self._attempts.get(job_id)
+        if attempt is not None and not attempt.cancelled.is_set():
+            logger.info("Job %s was cancelled while running.", job_id)
+            attempt.cancel()
+
+    def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
+        """Count what was stored and send the job signals (completer thread)."""
         for o in outcomes:
-            if o.job_id not in written:
+            state = written.get(o.job_id)
+            if state is None:
                 continue
-            if o.state == JobState.COMPLETED:
+            if state == JobState.COMPLETED:
                 self.stats.completed += 1
-            elif o.state == JobState.FAILED:
+                continue
+            if state == JobState.FAILED:
                 self.stats.failed += 1
+                continue
+            payload = {"job_id": str(o.job_id), "queue": o.queue}
+            if state == JobState.CANCELLED:
+                self.stats.cancelled += 1
+                send_job_signal(job_cancelled, self.backend, **payload, was_running=True)
+            elif o.uncount_attempt:
+                self.stats.snoozed += 1
+                send_job_signal(job_snoozed, self.backend, **payload, attempt=o.attempt, run_at=o.available_at)
             else:
                 self.stats.retried += 1
+                send_job_signal(
+                    job_retried, self.backend, **payload, attempt=o.attempt, run_at=o.available_at, error=o.error
+                )
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -423,10 +603,16 @@ class Worker:
         ]
         is_leader = False
         next_leader_check = 0.0
+        next_cancel_poll = 0.0
         failures = 0
         while not self._maintenance_done.wait(0.1):
             try:
                 now = time.monotonic()
+                if now >= next_cancel_poll:
+                    self._poll_cancels()
+                    listening = self._listener is not None and self._listener.connected.is_set()
+                    # With a live LISTEN, NOTIFY brings cancels; the poll is then only a safety net.
+                    next_cancel_poll = now + (renew_every if listening else CANCEL_POLL_INTERVAL)
                 if now >= next_renew:
                     engine.renew_leases(using=self.using, worker_id=self.worker_id, lease_seconds=s.LEASE_SECONDS)
                     if not engine.heartbeat_worker(using=self.using, worker_id=self.worker_id):
@@ -454,7 +640,18 @@ class Worker:
                     break
                 failures += 1
                 self._db_trouble("maintenance", exc, failures)
+            except Exception:  # noqa: BLE001 - a bug or a receiver's error must not stop lease renewal
+                failures += 1
+                logger.exception("Worker %s: maintenance step failed; retrying.", self.worker_id)
+                self._stopping.wait(min(5.0, 0.05 * 2 ** min(failures, 6)))
         _close_connection(self.using)
+
+    def _poll_cancels(self) -> None:
+        with self._attempts_lock:
+            running = bool(self._attempts)
+        if running:
+            for job_id in engine.cancel_requested_ids(using=self.using, worker_id=self.worker_id):
+                self._on_cancel(job_id)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -465,12 +662,11 @@ class Worker:
             self._threads.append(t)
 
         self._executor_threads = []
-        for i in range(self.concurrency):
-            t = threading.Thread(target=self._execute_loop, name=f"jobs-exec-{i}", daemon=True)
-            t.start()
-            self._executor_threads.append(t)
+        for _ in range(self.concurrency):
+            self._spawn_executor()
         self._completer.start()
         spawn(self._maintain, "jobs-maintainer")
+        spawn(self._watch, "jobs-watchdog")
         if connections[self.using].vendor == "postgresql":
             self._listener = Listener(
                 using=self.using,
@@ -478,9 +674,15 @@ class Worker:
                 queues=self.queues,
                 wake=self._wake,
                 stopping=self._stopping,
+                on_cancel=self._on_cancel,
             )
             self._listener.start()
             self._threads.append(self._listener)
+
+    def _spawn_executor(self) -> None:
+        t = threading.Thread(target=self._execute_loop, name=f"jobs-exec-{len(self._executor_threads)}", daemon=True)
+        t.start()
+        self._executor_threads.append(t)
 
     def _shutdown(self) -> None:
         self.stop()
@@ -502,7 +704,7 @@ class Worker:
                 self._jobs.get_nowait()
             except queue.Empty:
                 break
-        for _ in self._executor_threads:
+        for _ in range(self.concurrency):  # threads given up by the watchdog end on their own
             self._jobs.put(None)
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
         self._completer.close(timeout=max(5.0, deadline - time.monotonic()))

@@ -64,6 +64,13 @@ class Command(BaseCommand):
         parser.add_argument("--grace", default="30", help="Seconds running jobs get to finish on shutdown. Default 30.")
         parser.add_argument("--worker-id", default=None, help="Worker id (default host-pid-random).")
         parser.add_argument("--backend", default="default", help="Alias in TASKS. Default 'default'.")
+        parser.add_argument(
+            "--isolation",
+            choices=["thread", "process"],
+            default="thread",
+            help="thread (default): run jobs in this process's threads; process: run each slot's jobs in a "
+            "child process that is killed at a job's timeout or cancel (CPU-bound or never-ending code).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         from ...worker import Worker
@@ -96,6 +103,7 @@ class Command(BaseCommand):
                     grace=grace,
                     worker_id=worker_id,
                     handle_signals=handle_signals,
+                    isolation=opts["isolation"],
                 )
             except JobsError as exc:
                 raise CommandError(str(exc)) from None

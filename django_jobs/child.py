@@ -1,0 +1,64 @@
+"""The entry point of ``--isolation process`` children (see :mod:`django_jobs.worker.isolation`).
+
+A module of its own: a spawned child imports the target's module before Django is set up, so
+this one imports nothing that touches models at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], parent_pid: int) -> None:
+    """The child's loop: receive a ClaimedJob, run it, send its Outcome; None or EOF ends it."""
+    import asyncio
+
+    try:
+        import django
+
+        django.setup()
+        from django.db import close_old_connections, connections
+
+        for alias, name in db_names.items():
+            connections.settings[alias]["NAME"] = name
+        from .worker.executor import Attempt, Executor, job_timeout
+    except BaseException as exc:  # noqa: BLE001 - report any start-up failure to the parent
+        conn.send(f"{type(exc).__name__}: {exc}")
+        return
+
+    def orphan_watch() -> None:
+        # A child whose worker was killed must not run on: leases hand its job to another worker.
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=orphan_watch, daemon=True).start()
+    loop_holder: list[asyncio.AbstractEventLoop] = []
+
+    def event_loop() -> asyncio.AbstractEventLoop:
+        if not loop_holder:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, daemon=True).start()
+            loop_holder.append(loop)
+        return loop_holder[0]
+
+    executor = Executor(worker_id=worker_id, loop_getter=event_loop)
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        close_old_connections()
+        try:
+            outcome = executor.execute(job, Attempt(job, timeout=job_timeout(job)))
+        finally:
+            close_old_connections()
+        conn.send(outcome)

@@ -1,0 +1,268 @@
+"""The test kit: assertions on enqueued jobs, and running jobs inline through the real worker
+pipeline (Oban's ``Oban.Testing``, River's ``rivertest``; the seed's "dispatchSync" and "work
+until empty").
+
+Everything here runs in the calling thread on the jobs database, so it works inside a test's
+transaction (``@pytest.mark.django_db``, ``django.test.TestCase``) as well as outside one::
+
+    from django_jobs.testing import assert_enqueued, perform_job
+
+    def test_signup_sends_welcome_email(client):
+        client.post("/signup/", {"email": "ada@example.com"})
+        [job] = assert_enqueued(send_welcome_email, kwargs={"email": "ada@example.com"})
+        result = perform_job(send_welcome_email, email="ada@example.com")
+        assert result.status == "SUCCESSFUL"
+
+See docs/howto/testing.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.tasks import Task, task_backends
+
+from . import engine
+from .backend import JobResult
+from .models import Job
+from .states import JobState
+from .worker.executor import Attempt, Executor, job_timeout
+
+__all__ = ["DrainResult", "assert_enqueued", "drain_queue", "enqueued_jobs", "perform_job", "refute_enqueued"]
+
+#: The worker id recorded on jobs the test kit runs.
+TEST_WORKER_ID = "django_jobs.testing"
+
+
+# -- assertions ----------------------------------------------------------------------------------
+
+
+def enqueued_jobs(
+    task: Task | None = None,
+    *,
+    args: Any = None,
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    backend: str = "default",
+) -> list[JobResult]:
+    """Jobs not run yet (waiting or delayed), oldest first, as ``JobResult``s; only those of
+    ``task``, with exactly these ``args`` (compared as a list) / ``kwargs`` / ``queue`` when given."""
+    jobs_backend = task_backends[backend]
+    qs = Job.objects.using(jobs_backend.database).filter(
+        backend=backend, state__in=[JobState.WAITING, JobState.DELAYED]
+    )
+    if task is not None:
+        _require_task(task, "enqueued_jobs")
+        qs = qs.filter(task_path=task.module_path)
+    if queue is not None:
+        qs = qs.filter(queue=queue)
+    want_args = list(args) if args is not None else None
+    results = []
+    for job in qs.order_by("enqueued_at", "id"):
+        if want_args is not None and job.args != want_args:
+            continue
+        if kwargs is not None and job.kwargs != kwargs:
+            continue
+        results.append(jobs_backend._result_from_job(job))
+    return results
+
+
+def assert_enqueued(
+    task: Task,
+    *,
+    args: Any = None,
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    count: int | None = None,
+    backend: str = "default",
+) -> list[JobResult]:
+    """Assert that ``task`` has a job not run yet matching what is given (exactly ``count`` of
+    them when given); return the matches. The AssertionError lists what is enqueued instead."""
+    _require_task(task, "assert_enqueued")
+    found = enqueued_jobs(task, args=args, kwargs=kwargs, queue=queue, backend=backend)
+    if (count is None and found) or (count is not None and len(found) == count):
+        return found
+    wanted = _describe(args, kwargs, queue)
+    expected = f"{count} job(s)" if count is not None else "a job"
+    raise AssertionError(
+        f"Expected {expected} of {task.module_path}{wanted} enqueued, found {len(found)}. "
+        f"Enqueued for this task: {_listing(task, backend)}"
+    )
+
+
+def refute_enqueued(
+    task: Task,
+    *,
+    args: Any = None,
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    backend: str = "default",
+) -> None:
+    """Assert that ``task`` has no job not run yet matching what is given."""
+    _require_task(task, "refute_enqueued")
+    found = enqueued_jobs(task, args=args, kwargs=kwargs, queue=queue, backend=backend)
+    if found:
+        raise AssertionError(
+            f"Expected no job of {task.module_path}{_describe(args, kwargs, queue)} enqueued, found "
+            f"{len(found)}: {_listing(task, backend)}"
+        )
+
+
+def _require_task(task: Any, where: str) -> None:
+    if not isinstance(task, Task):
+        raise TypeError(f"{where}() takes a @task function (a django.tasks.Task); got {type(task).__name__}.")
+
+
+def _describe(args: Any, kwargs: Any, queue: Any) -> str:
+    parts = []
+    if args is not None:
+        parts.append(f"args={list(args)!r}")
+    if kwargs is not None:
+        parts.append(f"kwargs={kwargs!r}")
+    if queue is not None:
+        parts.append(f"queue={queue!r}")
+    return f" with {', '.join(parts)}" if parts else ""
+
+
+def _listing(task: Task, backend: str) -> str:
+    jobs = enqueued_jobs(task, backend=backend)
+    if not jobs:
+        return "none."
+    shown = [f"(args={r.args!r}, kwargs={r.kwargs!r}, queue={r.task.queue_name!r})" for r in jobs[:10]]
+    more = f" and {len(jobs) - 10} more" if len(jobs) > 10 else ""
+    return "; ".join(shown) + more + "."
+
+
+# -- running jobs ------------------------------------------------------------------------------
+
+
+@dataclass
+class DrainResult:
+    """What :func:`drain_queue` ran, by what each attempt came to."""
+
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    retried: int = 0
+    snoozed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.completed + self.failed + self.cancelled + self.retried + self.snoozed
+
+
+def perform_job(task: Task, *args: Any, **kwargs: Any) -> JobResult:
+    """Enqueue ``task(*args, **kwargs)`` (validated and JSON round-tripped like any enqueue) and
+    run ONE attempt of it now, in this thread, through the worker's executor: middleware,
+    ``JobContext``, signals and backoff included. Returns the stored result: SUCCESSFUL, FAILED,
+    or READY when a retry or snooze is scheduled (the error is in ``result.errors``)."""
+    _require_task(task, "perform_job")
+    result = task.enqueue(*args, **kwargs)
+    backend = task.get_backend()
+    job_id = uuid.UUID(result.id)
+    engine.make_due(using=backend.database, job_ids=[job_id])  # run_after is not waited for
+    [job] = engine.claim_jobs(
+        using=backend.database,
+        queues=None,
+        limit=1,
+        worker_id=TEST_WORKER_ID,
+        lease_seconds=3600,
+        backend=backend.alias,
+        job_ids=[job_id],
+    )
+    _run(job, backend.database, DrainResult())
+    return backend.get_result(result.id)
+
+
+def drain_queue(
+    queue: str | None = None,
+    *,
+    with_retries: bool = True,
+    with_scheduled: bool = False,
+    backend: str = "default",
+    max_rounds: int = 100,
+) -> DrainResult:
+    """Run every ready job of ``queue`` (all queues when None) in this thread until none is left.
+
+    ``with_retries``: a retry waiting for its backoff runs at once instead. ``with_scheduled``:
+    jobs delayed by ``run_after`` (and snoozed ones) run too. Raises RuntimeError when jobs are
+    still ready after ``max_rounds`` rounds (a job that keeps retrying or snoozing).
+    """
+    jobs_backend = task_backends[backend]
+    using = jobs_backend.database
+    counts = DrainResult()
+    for _ in range(max_rounds):
+        _make_due(using, backend, queue, with_retries=with_retries, with_scheduled=with_scheduled)
+        claimed = engine.claim_jobs(
+            using=using,
+            queues=[queue] if queue else None,
+            limit=100,
+            worker_id=TEST_WORKER_ID,
+            lease_seconds=3600,
+            backend=backend,
+        )
+        if not claimed:
+            return counts
+        for job in claimed:
+            _run(job, using, counts)
+    raise RuntimeError(
+        f"drain_queue() still found jobs to run after {max_rounds} rounds; a job keeps retrying or snoozing. "
+        "Pass with_retries=False, or a larger max_rounds."
+    )
+
+
+def _make_due(using: str, backend: str, queue: str | None, *, with_retries: bool, with_scheduled: bool) -> None:
+    if not (with_retries or with_scheduled):
+        return
+    qs = Job.objects.using(using).filter(backend=backend, state=JobState.DELAYED)
+    if queue:
+        qs = qs.filter(queue=queue)
+    ids = []
+    for job_id, errors in qs.values_list("id", "errors"):
+        is_retry = bool(errors)  # a retry follows a failed attempt, which recorded an error
+        if (is_retry and with_retries) or (not is_retry and with_scheduled):
+            ids.append(job_id)
+    engine.make_due(using=using, job_ids=ids)
+
+
+def _run(job: engine.ClaimedJob, using: str, counts: DrainResult) -> None:
+    outcome = _executor().execute(job, Attempt(job, timeout=job_timeout(job)))
+    if outcome is None:  # cannot happen without a watchdog; keep the job from staying active
+        outcome = engine.Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.FAILED)
+    written = engine.record_outcomes([outcome], using=using)
+    state = written.get(job.id)
+    if state == JobState.COMPLETED:
+        counts.completed += 1
+    elif state == JobState.FAILED:
+        counts.failed += 1
+    elif state == JobState.CANCELLED:
+        counts.cancelled += 1
+    elif outcome.uncount_attempt:
+        counts.snoozed += 1
+    elif state is not None:
+        counts.retried += 1
+
+
+_state = threading.local()
+
+
+def _executor() -> Executor:
+    """One executor per thread, with an event loop thread for async tasks."""
+    executor = getattr(_state, "executor", None)
+    if executor is None:
+        loop_holder: list[asyncio.AbstractEventLoop] = []
+
+        def event_loop() -> asyncio.AbstractEventLoop:
+            if not loop_holder:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="jobs-testing-asyncio", daemon=True).start()
+                loop_holder.append(loop)
+            return loop_holder[0]
+
+        executor = Executor(worker_id=TEST_WORKER_ID, loop_getter=event_loop)
+        _state.executor = executor
+    return executor
