@@ -19,12 +19,14 @@ See docs/howto/testing.md.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.tasks import Task, task_backends
+from django.utils import timezone
 
 from . import engine
 from .backend import JobResult
@@ -60,7 +62,10 @@ def enqueued_jobs(
         qs = qs.filter(task_path=task.module_path)
     if queue is not None:
         qs = qs.filter(queue=queue)
-    want_args = list(args) if args is not None else None
+    # Compare with what was stored: the JSON round trip turns tuples into lists.
+    want_args = json.loads(json.dumps(list(args))) if args is not None else None
+    if kwargs is not None:
+        kwargs = json.loads(json.dumps(kwargs))
     results = []
     for job in qs.order_by("enqueued_at", "id"):
         if want_args is not None and job.args != want_args:
@@ -149,6 +154,7 @@ class DrainResult:
     cancelled: int = 0
     retried: int = 0
     snoozed: int = 0
+    _snoozed: set[uuid.UUID] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def total(self) -> int:
@@ -196,7 +202,9 @@ def drain_queue(
     using = jobs_backend.database
     counts = DrainResult()
     for _ in range(max_rounds):
-        _make_due(using, backend, queue, with_retries=with_retries, with_scheduled=with_scheduled)
+        _make_due(
+            using, backend, queue, with_retries=with_retries, with_scheduled=with_scheduled, snoozed=counts._snoozed
+        )
         claimed = engine.claim_jobs(
             using=using,
             queues=[queue] if queue else None,
@@ -209,22 +217,30 @@ def drain_queue(
             return counts
         for job in claimed:
             _run(job, using, counts)
+    hint = "with_scheduled=False (snoozed jobs then stay delayed)" if with_scheduled else "with_retries=False"
     raise RuntimeError(
-        f"drain_queue() still found jobs to run after {max_rounds} rounds; a job keeps retrying or snoozing. "
-        "Pass with_retries=False, or a larger max_rounds."
+        f"drain_queue() still found jobs to run after {max_rounds} rounds: a job keeps retrying or snoozing. "
+        f"Pass {hint}, or a larger max_rounds."
     )
 
 
-def _make_due(using: str, backend: str, queue: str | None, *, with_retries: bool, with_scheduled: bool) -> None:
-    if not (with_retries or with_scheduled):
-        return
+def _make_due(
+    using: str, backend: str, queue: str | None, *, with_retries: bool, with_scheduled: bool, snoozed: set[uuid.UUID]
+) -> None:
+    """Move delayed jobs to waiting: those whose time has come (as the promoter would), retries
+    (``with_retries``), and jobs delayed by run_after or a snooze (``with_scheduled``).
+
+    A retry is told from a scheduled job by the error its failed attempt recorded; ``snoozed``
+    holds the jobs this drain saw snooze (a job snoozed after an earlier failure has an error too).
+    """
     qs = Job.objects.using(using).filter(backend=backend, state=JobState.DELAYED)
     if queue:
         qs = qs.filter(queue=queue)
+    now = timezone.now()
     ids = []
-    for job_id, errors in qs.values_list("id", "errors"):
-        is_retry = bool(errors)  # a retry follows a failed attempt, which recorded an error
-        if (is_retry and with_retries) or (not is_retry and with_scheduled):
+    for job_id, errors, available_at in qs.values_list("id", "errors", "available_at"):
+        is_retry = bool(errors) and job_id not in snoozed
+        if available_at <= now or (with_retries and is_retry) or (with_scheduled and not is_retry):
             ids.append(job_id)
     engine.make_due(using=using, job_ids=ids)
 
@@ -243,11 +259,33 @@ def _run(job: engine.ClaimedJob, using: str, counts: DrainResult) -> None:
         counts.cancelled += 1
     elif outcome.uncount_attempt:
         counts.snoozed += 1
+        counts._snoozed.add(job.id)
     elif state is not None:
         counts.retried += 1
 
 
 _state = threading.local()
+
+
+def _run_async_here(coro: Any, attempt: Attempt) -> Any:
+    """Run an async task's coroutine from this thread with asgiref's ``async_to_sync``: the ORM
+    calls inside it (``sync_to_async``, thread-sensitive) come back to this thread and its
+    connection, so they see the test's data, transaction and all."""
+    from asgiref.sync import async_to_sync
+
+    async def run() -> Any:
+        if attempt.timeout:
+            return await asyncio.wait_for(coro, attempt.timeout)
+        return await coro
+
+    try:
+        return async_to_sync(run)()
+    except TimeoutError as exc:
+        from .exceptions import JobTimeout
+
+        if attempt.remaining() == 0:
+            raise JobTimeout(f"The task ran longer than its timeout of {attempt.timeout:g}s.") from exc
+        raise
 
 
 def _executor() -> Executor:
@@ -263,6 +301,6 @@ def _executor() -> Executor:
                 loop_holder.append(loop)
             return loop_holder[0]
 
-        executor = Executor(worker_id=TEST_WORKER_ID, loop_getter=event_loop)
+        executor = Executor(worker_id=TEST_WORKER_ID, loop_getter=event_loop, run_async=_run_async_here)
         _state.executor = executor
     return executor

@@ -116,9 +116,18 @@ class Executor:
     """Runs claimed jobs. One instance per worker; thread-safe (no mutable shared state but
     the task and middleware caches, whose races are harmless)."""
 
-    def __init__(self, *, worker_id: str, loop_getter: Callable[[], asyncio.AbstractEventLoop]):
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        loop_getter: Callable[[], asyncio.AbstractEventLoop],
+        run_async: Callable[[Any, Attempt], Any] | None = None,
+    ):
         self.worker_id = worker_id
         self._loop_getter = loop_getter
+        #: How a coroutine is run; default: on the worker's event loop thread (the test kit runs
+        #: it from the calling thread instead).
+        self._run_async = run_async
         self._tasks: dict[tuple[str, str, str, int], Task] = {}
         self._chains: dict[tuple[str, Any], Callable[[JobContext], Any]] = {}
 
@@ -242,6 +251,8 @@ class Executor:
         args = [context, *result.args] if task.takes_context else result.args
         if not iscoroutinefunction(task.func):
             return task.func(*args, **result.kwargs)
+        if self._run_async is not None:
+            return self._run_async(task.func(*args, **result.kwargs), attempt)
         # Async tasks share the worker's event loop; this thread holds the job's slot and waits.
         # run_coroutine_threadsafe copies this thread's contextvars into the task, so what a
         # middleware sets (a tenant, a trace span) is seen by the coroutine.
