@@ -67,9 +67,10 @@ class Sizes:
     latency_interval: float = 0.05
     ceiling: int = 20_000
     enqueue_many: int = 100_000
+    isolation: int = 5_000
 
 
-QUICK = Sizes(enqueue=500, drain=3_000, latency_seconds=4.0, ceiling=5_000, enqueue_many=10_000)
+QUICK = Sizes(enqueue=500, drain=3_000, latency_seconds=4.0, ceiling=5_000, enqueue_many=10_000, isolation=1_000)
 
 
 def fail(message: str) -> None:
@@ -295,11 +296,11 @@ class DrainResult:
     total_peak_kib: int
 
 
-def measure_drain(n: int, processes: int) -> DrainResult:
+def measure_drain(n: int, processes: int, *extra: str, concurrency: int = 8) -> DrainResult:
     truncate()
     prefill(n)
     peaks, wall, cpu = run_worker_until_exit(
-        ["-p", str(processes), "-c", "8", "--stop-when-empty"], timeout=max(120.0, n / 50)
+        ["-p", str(processes), "-c", str(concurrency), "--stop-when-empty", *extra], timeout=max(120.0, n / 50)
     )
     return DrainResult(
         rate=db_rate(n),
@@ -634,7 +635,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller counts: a smoke run (prints only)")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median reported); default 3")
     parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md even with --quick")
-    parser.add_argument("--only", default="", help="comma-separated subset: enqueue,drain,latency,ceiling,enqueue_many")
+    parser.add_argument(
+        "--only", default="", help="comma-separated subset: enqueue,drain,latency,ceiling,enqueue_many,isolation"
+    )
     parser.add_argument(
         "--enqueue-many-jobs", type=int, default=None, help="jobs per enqueue_many run; default 100,000"
     )
@@ -652,6 +655,8 @@ def main() -> None:
     enqueue, drain1, drain2, lat, ceil1, ceil2 = [], [], [], [], [], []
     bulk_pg: list[BulkResult] = []
     bulk_sqlite: list[BulkResult] = []
+    iso_thread: list[DrainResult] = []
+    iso_process: list[DrainResult] = []
     for run in range(1, opts.runs + 1):
         print(f"run {run}/{opts.runs}", file=sys.stderr)
         if wanted("enqueue"):
@@ -668,6 +673,14 @@ def main() -> None:
         if wanted("latency"):
             lat.append(measure_latency(sizes.latency_seconds, sizes.latency_interval))
             print("  pickup p50/p95/p99 {:.1f}/{:.1f}/{:.1f} ms".format(*lat[-1]), file=sys.stderr)
+        if wanted("isolation"):
+            # The cost of --isolation process: a pipe round trip per job and a child per slot.
+            iso_thread.append(measure_drain(sizes.isolation, 1, concurrency=2))
+            iso_process.append(measure_drain(sizes.isolation, 1, "--isolation", "process", concurrency=2))
+            print(
+                f"  -c 2 threads {iso_thread[-1].rate:,.0f}/s, -c 2 --isolation process {iso_process[-1].rate:,.0f}/s",
+                file=sys.stderr,
+            )
         if wanted("enqueue_many"):
             for vendor, runs in (("postgresql", bulk_pg), ("sqlite", bulk_sqlite)):
                 runs.append(measure_enqueue_many(sizes.enqueue_many, vendor))
@@ -719,6 +732,19 @@ def main() -> None:
     if ceil1:
         rows.append(Row("raw ceiling, 1 connection", ceil1, "jobs/s"))
         rows.append(Row("raw ceiling, 2 processes", ceil2, "jobs/s"))
+    if iso_thread:
+        rows.append(Row("drain -p 1 -c 2, threads", [d.rate for d in iso_thread], "jobs/s"))
+        rows.append(Row("drain -p 1 -c 2, --isolation process", [d.rate for d in iso_process], "jobs/s"))
+        rows.append(Row("  wall clock incl. children's start-up", [d.wall_rate for d in iso_process], "jobs/s"))
+        rows.append(
+            Row(
+                "  peak RSS, worker + 2 children",
+                [d.total_peak_kib / 1024 for d in iso_process],
+                "MiB",
+                "stated",
+                digits=1,
+            )
+        )
     for name, bulk in (("PostgreSQL", bulk_pg), ("SQLite", bulk_sqlite)):
         if bulk:
             label = f"enqueue_many {sizes.enqueue_many:,}, {name}"

@@ -90,7 +90,7 @@ class JobContext(TaskContext):
 
     def set_progress(self, value: Any) -> bool:
         """Store progress on the job now: a number 0-100 or a JSON object. Returns False when the
-        job is no longer this attempt's (rescued or cancelled meanwhile)."""
+        job is no longer this attempt's (its outcome was recorded, or it was rescued meanwhile)."""
         from .backend import check_json
 
         if isinstance(value, bool) or not isinstance(value, (int, float, dict)):

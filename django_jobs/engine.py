@@ -556,8 +556,10 @@ def release_jobs(
     """Return this worker's active jobs to ``waiting`` without counting the attempt (shutdown).
 
     The attempt and its worker id are taken back, so the next worker runs it as the same attempt.
+    A job cancelled while it ran is not run again: it becomes ``cancelled``.
     """
     d = Dialect(using)
+    now_sql, now_params = d.now(now)
     where = ["state = 'active'", "worker_id = %s"]
     params: list[Any] = [worker_id]
     if job_ids is not None:
@@ -567,15 +569,17 @@ def release_jobs(
         where.append(sql)
         params += p
     sql = (
-        f"UPDATE {JOB_TABLE} SET state = 'waiting', attempts = attempts - 1, "
-        f"worker_ids = {d.json_pop('worker_ids')}, "
+        f"UPDATE {JOB_TABLE} SET "
+        f"state = CASE WHEN cancel_requested_at IS NULL THEN 'waiting' ELSE 'cancelled' END, "
+        f"finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE {now_sql} END, "
+        f"attempts = attempts - 1, worker_ids = {d.json_pop('worker_ids')}, "
         f"started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
         f"lease_token = NULL, lease_expires_at = NULL "
-        f"WHERE {' AND '.join(where)} RETURNING queue"
+        f"WHERE {' AND '.join(where)} RETURNING queue, state"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+        cursor.execute(sql, [*now_params, *params])
+        rows = [r for r in cursor.fetchall() if r[1] == JobState.WAITING]
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
 
@@ -785,7 +789,8 @@ class RescuedJob(NamedTuple):
     id: uuid.UUID
     queue: str
     backend: str
-    #: ``waiting`` (it runs again) or ``failed`` (it stalled more than MAX_STALLED times).
+    #: ``waiting`` (it runs again), ``failed`` (it stalled more than MAX_STALLED times) or
+    #: ``cancelled`` (it was cancelled while it ran).
     state: str
 
 
@@ -796,7 +801,8 @@ def rescue_stalled_jobs(
 
     A job that stalled at most ``max_stalled`` times goes back to ``waiting`` (the interrupted
     attempt is not counted; ``stalled_count`` is); one that stalled more is ``failed`` with a
-    ``JobStalled`` error. Only jobs of ``backend`` when given. Returns the jobs it changed.
+    ``JobStalled`` error; one cancelled while it ran becomes ``cancelled`` (it must not run
+    again). Only jobs of ``backend`` when given. Returns the jobs it changed.
     """
     d = Dialect(using)
     now_sql, now_params = d.now(now)
@@ -809,15 +815,18 @@ def rescue_stalled_jobs(
             "the process for longer than LEASE_SECONDS.\n"
         ),
     }
+    cancel = "(cancel_requested_at IS NOT NULL)"
     fail = f"(stalled_count + 1 > {int(max_stalled)})"
+    end = f"({cancel} OR {fail})"
     sql = (
         f"UPDATE {JOB_TABLE} SET stalled_count = stalled_count + 1, "
-        f"state = CASE WHEN {fail} THEN 'failed' ELSE 'waiting' END, "
-        f"attempts = CASE WHEN {fail} THEN attempts ELSE attempts - 1 END, "
-        f"worker_ids = CASE WHEN {fail} THEN worker_ids ELSE {d.json_pop('worker_ids')} END, "
-        f"started_at = CASE WHEN {fail} OR attempts > 1 THEN started_at ELSE NULL END, "
-        f"errors = CASE WHEN {fail} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} ELSE errors END, "
-        f"finished_at = CASE WHEN {fail} THEN {now_sql} ELSE NULL END, "
+        f"state = CASE WHEN {cancel} THEN 'cancelled' WHEN {fail} THEN 'failed' ELSE 'waiting' END, "
+        f"attempts = CASE WHEN {end} THEN attempts ELSE attempts - 1 END, "
+        f"worker_ids = CASE WHEN {end} THEN worker_ids ELSE {d.json_pop('worker_ids')} END, "
+        f"started_at = CASE WHEN {end} OR attempts > 1 THEN started_at ELSE NULL END, "
+        f"errors = CASE WHEN {fail} AND NOT {cancel} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} "
+        f"ELSE errors END, "
+        f"finished_at = CASE WHEN {end} THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         "WHERE "
         + d.id_in(

@@ -148,3 +148,7 @@ def ignores_cancel(path: str) -> str:
     record(path, event="start", pid=os.getpid())
     time.sleep(30)
     return "finished"
+
+
+def factory_that_raises(call_next):
+    raise KeyError("missing configuration")

@@ -265,6 +265,12 @@ def test_a_broken_middleware_setting_stops_the_worker_and_fails_the_check():
     with middleware("tests.tasks_control.not_a_factory_result"):
         with pytest.raises(InvalidWorkerOption, match="must return a callable"):
             Worker()
+    with middleware("tests.tasks_control.factory_that_raises"):
+        with pytest.raises(InvalidWorkerOption, match="raised while being set up: KeyError"):
+            Worker()
+    with middleware("tests.tasks_control.CALLS"):
+        with pytest.raises(InvalidWorkerOption, match="is not callable"):
+            Worker()
     with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "MIDDLEWARE": "tests.tasks_control.x"}):
         ids = [m.id for m in checks.run_checks() if m.id.startswith("django_jobs")]
         assert "django_jobs.E002" in ids
@@ -307,17 +313,53 @@ def test_cancelled_signal_for_a_waiting_and_a_running_job(thread_worker, probe):
 def test_stalled_and_rescued_signals_from_the_rescuer():
     first = tasks.noop.enqueue()
     second = tasks.noop.enqueue()
-    claimed = engine.claim_jobs(using="default", queues=None, limit=2, worker_id="gone", lease_seconds=30)
-    assert len(claimed) == 2
+    third = tasks.noop.enqueue()
+    claimed = engine.claim_jobs(using="default", queues=None, limit=3, worker_id="gone", lease_seconds=30)
+    assert len(claimed) == 3
     # The second job already stalled once: with MAX_STALLED=1 it fails this time.
     Job.objects.filter(id=second.id).update(stalled_count=1)
+    # The third was cancelled while it ran: its worker died, and it must not run again.
+    django_jobs.cancel(third.id)
     from django_jobs.conf import get_settings
 
     rescuer = Rescuer(using="default", settings=get_settings("default"), worker_id="w", backend="default", interval=1)
-    with Received(job_stalled) as stalled, Received(job_rescued) as rescued:
+    with Received(job_stalled) as stalled, Received(job_rescued) as rescued, Received(job_cancelled) as cancelled:
         counts = rescuer.run_once(now=timezone.now() + timedelta(seconds=60))
-    assert counts == {"requeued": 1, "failed": 1}
+    assert counts == {"requeued": 1, "failed": 1, "cancelled": 1}
     assert sorted((c["job_id"], c["state"]) for c in stalled.calls) == sorted(
-        [(first.id, "waiting"), (second.id, "failed")]
+        [(first.id, "waiting"), (second.id, "failed"), (third.id, "cancelled")]
     )
     assert [c["job_id"] for c in rescued.calls] == [first.id]
+    assert [(c["job_id"], c["was_running"]) for c in cancelled.calls] == [(third.id, True)]
+    assert Job.objects.get(id=third.id).finished_at is not None
+
+
+@pytest.mark.django_db
+def test_a_job_cancelled_while_running_is_not_released_back_to_waiting_at_shutdown():
+    running = tasks.noop.enqueue()
+    other = tasks.noop.enqueue()
+    engine.claim_jobs(using="default", queues=None, limit=2, worker_id="w", lease_seconds=30)
+    django_jobs.cancel(running.id)
+    assert engine.release_jobs(using="default", worker_id="w") == 1
+    assert Job.objects.get(id=running.id).state == "cancelled"
+    assert Job.objects.get(id=other.id).state == "waiting"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_cancel_arrives_by_notify_without_waiting_for_a_poll(thread_worker, probe, monkeypatch):
+    """With the poll slowed to a minute, only the NOTIFY can deliver the cancel within a second."""
+    from django_jobs.worker import runner
+
+    monkeypatch.setattr(runner, "CANCEL_POLL_INTERVAL", 60.0)
+    result = tasks.until_cancelled.enqueue(probe)
+    worker = thread_worker(concurrency=1)
+    wait_until(lambda: events(probe, "start"), timeout=20)
+    wait_until(lambda: worker.worker._listener.connected.is_set(), timeout=10)
+    time.sleep(0.6)  # past the worker's first (start-up) poll
+    asked = time.time()
+    django_jobs.cancel(result.id)
+    wait_until(lambda: Job.objects.get(id=result.id).state == "cancelled", timeout=10)
+    worker.stop()
+    [noticed] = events(probe, "noticed")
+    assert noticed["at"] - asked < 1.0

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from .. import engine
-from ..signals import job_rescued, job_stalled, send_job_signal
+from ..signals import job_cancelled, job_rescued, job_stalled, send_job_signal
 from ..states import JobState
 from .base import Service
 
@@ -16,8 +16,9 @@ class Rescuer(Service):
     leader_only = True
 
     def run_once(self, now: datetime | None = None) -> dict[str, int]:
-        """Sends ``job_stalled`` for each job found and ``job_rescued`` for each put back."""
-        requeued = failed = 0
+        """Sends ``job_stalled`` for each job found, then ``job_rescued`` for each put back to
+        waiting or ``job_cancelled`` for each that had been cancelled while it ran."""
+        counts = {"requeued": 0, "failed": 0, "cancelled": 0}
         while True:
             rows = engine.rescue_stalled_jobs(
                 using=self.using,
@@ -30,12 +31,15 @@ class Rescuer(Service):
                 payload = {"job_id": str(row.id), "queue": row.queue}
                 send_job_signal(job_stalled, row.backend, **payload, state=row.state)
                 if row.state == JobState.WAITING:
-                    requeued += 1
+                    counts["requeued"] += 1
                     send_job_signal(job_rescued, row.backend, **payload)
+                elif row.state == JobState.CANCELLED:
+                    counts["cancelled"] += 1
+                    send_job_signal(job_cancelled, row.backend, **payload, was_running=True)
                 else:
-                    failed += 1
+                    counts["failed"] += 1
             if len(rows) < self.settings.SERVICE_BATCH_SIZE:
-                return {"requeued": requeued, "failed": failed}
+                return counts
 
 
 class Reaper(Service):

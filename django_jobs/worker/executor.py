@@ -357,11 +357,20 @@ def build_middleware_chain(paths: Any, innermost: Callable[[JobContext], Any]) -
         raise JobsConfigurationError(f"MIDDLEWARE must be a list of dotted paths; got {paths!r}.")
     handler = innermost
     for path in reversed(paths):
+        if not isinstance(path, str):
+            raise JobsConfigurationError(f"MIDDLEWARE entries are dotted paths (strings); got {path!r}.")
         try:
             factory = import_string(path)
         except ImportError as exc:
             raise JobsConfigurationError(f"MIDDLEWARE entry {path!r} does not import: {exc}") from None
-        handler = factory(handler)
+        if not callable(factory):
+            raise JobsConfigurationError(f"MIDDLEWARE entry {path!r} is not callable; it must be a factory.")
+        try:
+            handler = factory(handler)
+        except Exception as exc:
+            raise JobsConfigurationError(
+                f"MIDDLEWARE entry {path!r} raised while being set up: {type(exc).__name__}: {exc}"
+            ) from exc
         if not callable(handler):
             raise JobsConfigurationError(
                 f"MIDDLEWARE entry {path!r} returned {handler!r}; a middleware factory must return a callable "

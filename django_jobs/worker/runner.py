@@ -218,6 +218,9 @@ class Worker:
         # Running attempts by job id: the watchdog reads their deadlines, cancels reach them here.
         self._attempts: dict[Any, Attempt] = {}
         self._attempts_lock = threading.Lock()
+        # Cancels that arrived (by NOTIFY) for jobs not running here yet: claimed and queued for
+        # an executor, or another worker's. Checked when an attempt starts; trimmed as it grows.
+        self._early_cancels: dict[Any, float] = {}
         self._listener: Listener | None = None
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._threads: list[threading.Thread] = []
@@ -399,6 +402,8 @@ class Worker:
                 attempt.in_child = self.isolation == "process"
                 with self._attempts_lock:
                     self._attempts[job.id] = attempt
+                    if self._early_cancels.pop(job.id, None) is not None:
+                        attempt.cancel()
                 close_old_connections()
                 t0 = time.perf_counter()
                 try:
@@ -465,6 +470,8 @@ class Worker:
             if child is not None:
                 child.kill()
             child = ChildProcess(worker_id=self.worker_id, index=self._claimed_total)
+            if attempt.timeout:  # the child's start-up does not count against the job's time
+                attempt.deadline = time.monotonic() + attempt.timeout
         try:
             child.conn.send(job)
         except (OSError, ValueError) as exc:
@@ -546,6 +553,11 @@ class Worker:
         coroutines are cancelled, child processes killed)."""
         with self._attempts_lock:
             attempt = self._attempts.get(job_id)
+            if attempt is None:
+                now = time.monotonic()
+                if len(self._early_cancels) >= 1000:  # most are other workers' jobs: keep the last minute
+                    self._early_cancels = {k: t for k, t in self._early_cancels.items() if now - t < 60}
+                self._early_cancels[job_id] = now
         if attempt is not None and not attempt.cancelled.is_set():
             logger.info("Job %s was cancelled while running.", job_id)
             attempt.cancel()
