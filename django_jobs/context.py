@@ -24,6 +24,8 @@ class JobContext(TaskContext):
     job_id: str
     queue: str
     max_attempts: int
+    #: The id of this job's parent when it runs as a child in a flow (flows fill it); else None.
+    parent_id: str | None = None
     #: The lease this attempt runs under; writes made through the context are guarded on it.
     lease_token: uuid.UUID | None = field(default=None, repr=False)
     database: str = field(default="default", repr=False)

@@ -58,6 +58,7 @@ _CLAIM_COLUMNS = (
     "errors",
     "worker_ids",
     "seq",
+    "parent_id",
 )
 
 
@@ -84,6 +85,8 @@ class ClaimedJob:
     worker_ids: list[str]
     #: Claim order within a priority (negative: LIFO); see :func:`ready_seq`.
     seq: int = 0
+    #: The job's parent in a flow (the flows feature fills it); None for a job on its own.
+    parent_id: uuid.UUID | None = None
 
 
 @dataclass(slots=True)
@@ -452,7 +455,7 @@ def claim_jobs(
 
 def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
     (jid, backend, queue, path, args, kwargs, prio, attempts, max_attempts, options, token,
-     enq, started, last, avail, errors, worker_ids, seq) = row  # fmt: skip
+     enq, started, last, avail, errors, worker_ids, seq, parent) = row  # fmt: skip
     return ClaimedJob(
         id=d.to_uuid(jid),
         backend=backend,
@@ -472,6 +475,7 @@ def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
         errors=d.to_json(errors),
         worker_ids=d.to_json(worker_ids),
         seq=seq,
+        parent_id=d.to_uuid(parent) if parent is not None else None,
     )
 
 

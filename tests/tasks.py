@@ -156,6 +156,7 @@ def context_details(context) -> dict:
         "queue": context.queue,
         "max_attempts": context.max_attempts,
         "is_last_attempt": context.is_last_attempt,
+        "parent_id": context.parent_id,
     }
 
 

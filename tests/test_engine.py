@@ -687,3 +687,18 @@ def test_claim_of_a_single_queue_takes_only_that_queue():
     make_job(queue="a")
     b = make_job(queue="b")
     assert [j.id for j in claim(queues=["b"])] == [b.id]
+
+
+@pytest.mark.django_db
+def test_a_claimed_job_carries_its_parent_id_for_the_context():
+    from tests import tasks
+
+    parent = tasks.noop.enqueue()
+    child = tasks.noop.enqueue()
+    # Flows will set the parent at enqueue; here the column is set directly to test the claim.
+    Job.objects.filter(id=child.id).update(parent_id=parent.id)
+    claimed = {
+        c.id: c for c in engine.claim_jobs(using="default", queues=None, limit=2, worker_id="w", lease_seconds=30)
+    }
+    assert claimed[uuid.UUID(child.id)].parent_id == uuid.UUID(parent.id)
+    assert claimed[uuid.UUID(parent.id)].parent_id is None

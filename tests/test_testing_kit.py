@@ -325,6 +325,7 @@ def test_perform_job_gives_a_context_task_its_job_context():
         "queue": "default",
         "max_attempts": 1,
         "is_last_attempt": True,
+        "parent_id": None,
     }
 
 

@@ -155,6 +155,7 @@ def test_task_that_takes_context_gets_a_job_context(thread_worker):
         "queue": "ctx",
         "max_attempts": 3,
         "is_last_attempt": False,
+        "parent_id": None,
     }
 
 

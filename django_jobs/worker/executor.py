@@ -196,6 +196,7 @@ class Executor:
                 job_id=str(job.id),
                 queue=job.queue,
                 max_attempts=job.max_attempts,
+                parent_id=str(job.parent_id) if job.parent_id is not None else None,
                 lease_token=job.lease_token,
                 database=get_settings(job.backend).DATABASE,
                 attempt_state=attempt,

@@ -469,7 +469,11 @@ class Worker:
         if child is None or not child.alive:
             if child is not None:
                 child.kill()
-            child = ChildProcess(worker_id=self.worker_id, index=self._claimed_total)
+            try:
+                child = ChildProcess(worker_id=self.worker_id, index=self._claimed_total)
+            except RuntimeError as exc:
+                logger.error("Worker %s: %s", self.worker_id, exc)
+                return self._executor.give_up(attempt, ChildProcessDied(str(exc))), None
             if attempt.timeout:  # the child's start-up does not count against the job's time
                 attempt.deadline = time.monotonic() + attempt.timeout
         try:
