@@ -7,6 +7,7 @@ this one imports nothing that touches models at import time.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -15,8 +16,10 @@ from typing import Any
 
 def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], parent_pid: int) -> None:
     """The child's loop: receive a ClaimedJob, run it, send its Outcome; None or EOF ends it."""
-    import asyncio
-
+    # The worker decides when a child ends (it kills it): a Ctrl-C or SIGTERM sent to the whole
+    # process group must not cut a job short while the worker lets running jobs finish.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         import django
 
@@ -25,7 +28,7 @@ def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], paren
 
         for alias, name in db_names.items():
             connections.settings[alias]["NAME"] = name
-        from .worker.executor import Attempt, Executor, job_timeout
+        from .worker.executor import Attempt, Executor, event_loop_thread, job_timeout
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure to the parent
         conn.send(f"{type(exc).__name__}: {exc}")
         return
@@ -38,16 +41,7 @@ def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], paren
                 os._exit(1)
 
     threading.Thread(target=orphan_watch, daemon=True).start()
-    loop_holder: list[asyncio.AbstractEventLoop] = []
-
-    def event_loop() -> asyncio.AbstractEventLoop:
-        if not loop_holder:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, daemon=True).start()
-            loop_holder.append(loop)
-        return loop_holder[0]
-
-    executor = Executor(worker_id=worker_id, loop_getter=event_loop)
+    executor = Executor(worker_id=worker_id, loop_getter=event_loop_thread("jobs-child-asyncio"))
     conn.send("ready")
     while True:
         try:

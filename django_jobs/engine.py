@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from .db import Dialect
 from .models import Job, JobLog, Worker
-from .states import JobState
+from .states import FINISHED_STATES, JobState
 from .uuid7 import uuid7
 
 logger = logging.getLogger("django_jobs.engine")
@@ -576,8 +576,10 @@ def release_jobs(
         f"UPDATE {JOB_TABLE} SET "
         f"state = CASE WHEN cancel_requested_at IS NULL THEN 'waiting' ELSE 'cancelled' END, "
         f"finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE {now_sql} END, "
-        f"attempts = attempts - 1, worker_ids = {d.json_pop('worker_ids')}, "
-        f"started_at = CASE WHEN attempts <= 1 THEN NULL ELSE started_at END, "
+        # A job handed back takes its attempt back; a cancelled one ends, its attempt counted.
+        f"attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END, "
+        f"worker_ids = CASE WHEN cancel_requested_at IS NULL THEN {d.json_pop('worker_ids')} ELSE worker_ids END, "
+        f"started_at = CASE WHEN attempts <= 1 AND cancel_requested_at IS NULL THEN NULL ELSE started_at END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         f"WHERE {' AND '.join(where)} RETURNING queue, state"
     )
@@ -609,12 +611,21 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
     now = now or timezone.now()
     jobs = Job.objects.using(using).filter(id=job_id)
     change = None
-    if jobs.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).update(
-        state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now
-    ):
-        change = "cancelled"
-    elif jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now):
-        change = "flagged"
+    # Two guarded writes; a worker may move the job between them (a release or rescue puts an
+    # active job back to waiting, a claim makes a waiting one active), so try the pair again.
+    for _ in range(3):
+        if jobs.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).update(
+            state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now
+        ):
+            change = "cancelled"
+            break
+        if jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now):
+            change = "flagged"
+            break
+        state = jobs.values_list("state", flat=True).first()
+        if state is None or state in FINISHED_STATES or state == JobState.ACTIVE:
+            break  # unknown, finished, or already flagged: nothing to do
+    if change == "flagged":
         # Tell the job's worker now (it also polls). The payload cannot be a queue name: those
         # start with a letter or digit.
         conn = connections[using]

@@ -27,7 +27,8 @@ job_snoozed = Signal()
 job_cancelled = Signal()
 #: The rescuer found a running job whose lease expired (its worker died or hung). kwargs:
 #: ``job_id``, ``queue``, ``backend``, ``state`` (``waiting``: it will run again; ``failed``: it
-#: stalled more than MAX_STALLED times).
+#: stalled more than MAX_STALLED times; ``cancelled``: it had been cancelled while it ran, and
+#: ``job_cancelled`` follows).
 job_stalled = Signal()
 #: A stalled job was put back to waiting (sent after ``job_stalled``). kwargs: ``job_id``,
 #: ``queue``, ``backend``.

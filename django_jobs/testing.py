@@ -62,6 +62,10 @@ def enqueued_jobs(
         qs = qs.filter(task_path=task.module_path)
     if queue is not None:
         qs = qs.filter(queue=queue)
+    if isinstance(args, (str, bytes, dict)):
+        raise TypeError(f"args must be a list or tuple of positional arguments; got {type(args).__name__}.")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict; got {type(kwargs).__name__}.")
     # Compare with what was stored: the JSON round trip turns tuples into lists.
     want_args = json.loads(json.dumps(list(args))) if args is not None else None
     if kwargs is not None:
@@ -166,9 +170,16 @@ def perform_job(task: Task, *args: Any, **kwargs: Any) -> JobResult:
     run ONE attempt of it now, in this thread, through the worker's executor: middleware,
     ``JobContext``, signals and backoff included. Returns the stored result: SUCCESSFUL, FAILED,
     or READY when a retry or snooze is scheduled (the error is in ``result.errors``)."""
+    from .backend import JobsBackend
+
     _require_task(task, "perform_job")
-    result = task.enqueue(*args, **kwargs)
     backend = task.get_backend()
+    if not isinstance(backend, JobsBackend):
+        raise TypeError(
+            f"perform_job() runs jobs of django_jobs.backend.JobsBackend; {task.module_path} uses "
+            f"{type(backend).__name__} (TASKS[{task.backend!r}])."
+        )
+    result = task.enqueue(*args, **kwargs)
     job_id = uuid.UUID(result.id)
     engine.make_due(using=backend.database, job_ids=[job_id])  # run_after is not waited for
     [job] = engine.claim_jobs(
@@ -198,6 +209,8 @@ def drain_queue(
     jobs delayed by ``run_after`` (and snoozed ones) run too. Raises RuntimeError when jobs are
     still ready after ``max_rounds`` rounds (a job that keeps retrying or snoozing).
     """
+    if not isinstance(max_rounds, int) or max_rounds < 1:
+        raise ValueError(f"max_rounds must be an integer >= 1; got {max_rounds!r}.")
     jobs_backend = task_backends[backend]
     using = jobs_backend.database
     counts = DrainResult()
@@ -289,18 +302,9 @@ def _run_async_here(coro: Any, attempt: Attempt) -> Any:
 
 
 def _executor() -> Executor:
-    """One executor per thread, with an event loop thread for async tasks."""
+    """One executor per thread; async tasks run from the calling thread (see _run_async_here)."""
     executor = getattr(_state, "executor", None)
     if executor is None:
-        loop_holder: list[asyncio.AbstractEventLoop] = []
-
-        def event_loop() -> asyncio.AbstractEventLoop:
-            if not loop_holder:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="jobs-testing-asyncio", daemon=True).start()
-                loop_holder.append(loop)
-            return loop_holder[0]
-
-        executor = Executor(worker_id=TEST_WORKER_ID, loop_getter=event_loop, run_async=_run_async_here)
+        executor = Executor(worker_id=TEST_WORKER_ID, run_async=_run_async_here)
         _state.executor = executor
     return executor

@@ -550,3 +550,15 @@ def test_the_kit_works_outside_a_test_transaction():
     result = perform_job(flaky, 1)
     assert result.status == "SUCCESSFUL" and result.return_value == 1
     assert SENT == ["ada@example.com"]
+
+
+@pytest.mark.django_db
+def test_the_kit_rejects_unclear_input_with_a_clear_error():
+    from django_jobs.testing import drain_queue, enqueued_jobs
+
+    with pytest.raises(TypeError, match="args must be a list or tuple"):
+        enqueued_jobs(args="ab")
+    with pytest.raises(TypeError, match="kwargs must be a dict"):
+        enqueued_jobs(kwargs=[("a", 1)])
+    with pytest.raises(ValueError, match="max_rounds must be an integer >= 1"):
+        drain_queue(max_rounds=0)

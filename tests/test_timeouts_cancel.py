@@ -341,7 +341,9 @@ def test_a_job_cancelled_while_running_is_not_released_back_to_waiting_at_shutdo
     engine.claim_jobs(using="default", queues=None, limit=2, worker_id="w", lease_seconds=30)
     django_jobs.cancel(running.id)
     assert engine.release_jobs(using="default", worker_id="w") == 1
-    assert Job.objects.get(id=running.id).state == "cancelled"
+    job = Job.objects.get(id=running.id)
+    assert (job.state, job.attempts, job.worker_ids) == ("cancelled", 1, ["w"])
+    assert job.finished_at is not None
     assert Job.objects.get(id=other.id).state == "waiting"
 
 
@@ -363,3 +365,63 @@ def test_on_postgresql_a_cancel_arrives_by_notify_without_waiting_for_a_poll(thr
     worker.stop()
     [noticed] = events(probe, "noticed")
     assert noticed["at"] - asked < 1.0
+
+
+@pytest.mark.django_db
+def test_a_job_cancelled_after_its_claim_is_not_started(probe):
+    from django_jobs.worker.executor import Attempt, Executor
+
+    result = tasks.mark.enqueue(probe, "never")
+    [job] = engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w", lease_seconds=30)
+    attempt = Attempt(job, watched=True)
+    django_jobs.cancel(result.id)
+    attempt.cancel()  # what the worker does on the NOTIFY or poll
+    outcome = Executor(worker_id="w").execute(job, attempt)
+    assert read_records(probe) == [], "the task did not run"
+    assert outcome.error["exception_class_path"] == "django_jobs.exceptions.JobCancelled"
+    assert engine.record_outcomes([outcome], using="default") == {job.id: "cancelled"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_timed_out_threads_are_replaced_not_multiplied(thread_worker, probe):
+    import threading
+
+    def executor_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("jobs-exec")]
+
+    before = len(executor_threads())
+    results = [tasks_control.sleeps.enqueue(probe, 1.0) for _ in range(3)]
+    worker = thread_worker(concurrency=1)
+    wait_until(lambda: all(Job.objects.get(id=r.id).state == "failed" for r in results), timeout=30)
+    wait_until(lambda: len(events(probe, "end")) == 3, timeout=10, message="the abandoned threads to finish")
+    # Each abandoned thread ends once its task returns; one thread holds the one slot.
+    wait_until(lambda: len(executor_threads()) == before + 1, timeout=5, message="one executor thread")
+    stats = worker.stop()
+    assert stats.timed_out == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_child_ignores_a_ctrl_c_sent_to_the_process_group(thread_worker, probe):
+    import signal
+
+    result = tasks_control.sleeps.using(timeout=30).enqueue(probe, 1.5)
+    worker = thread_worker(concurrency=1, isolation="process")
+    wait_until(lambda: events(probe, "start"), timeout=60)
+    [start] = events(probe, "start")
+    os.kill(start["pid"], signal.SIGINT)
+    os.kill(start["pid"], signal.SIGTERM)
+    wait_until(lambda: Job.objects.get(id=result.id).state == "completed", timeout=20)
+    worker.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_shutdown_kills_a_child_still_running_after_the_grace_and_releases_its_job(thread_worker, probe):
+    result = tasks_control.ignores_cancel.enqueue(probe)
+    worker = thread_worker(concurrency=1, isolation="process", grace=0.5)
+    wait_until(lambda: events(probe, "start"), timeout=60)
+    [start] = events(probe, "start")
+    stats = worker.stop()
+    assert stats.released == 1
+    job = Job.objects.get(id=result.id)
+    assert (job.state, job.attempts, job.errors) == ("waiting", 0, [])
+    wait_until(lambda: not _alive(start["pid"]), timeout=10, message="the child to be killed")

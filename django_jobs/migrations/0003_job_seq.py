@@ -53,7 +53,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='seq',
-            field=models.BigIntegerField(default=0),
+            field=models.BigIntegerField(db_default=0, default=0),
         ),
         # Before the new indexes are built: the rows are rewritten once, not the indexes too.
         migrations.RunPython(set_seq_from_available_at, migrations.RunPython.noop),

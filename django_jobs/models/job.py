@@ -56,7 +56,8 @@ class Job(models.Model):
     #: epoch of the moment the job became ready (``available_at``), negated for a LIFO job so
     #: LIFO jobs sort ahead of FIFO ones, newest first, with one ascending column and one index.
     #: Set by the engine at enqueue and when a retry or snooze reschedules the job.
-    seq = models.BigIntegerField(default=0)
+    # db_default too: code from before this column (a rolling deploy) inserts rows without it.
+    seq = models.BigIntegerField(default=0, db_default=0)
     #: Per-job options given at enqueue (backoff, and what later features add); settings fill
     #: in what is missing when the worker needs it.
     options = models.JSONField(default=dict, blank=True)

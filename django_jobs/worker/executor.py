@@ -64,25 +64,30 @@ class Attempt:
     right once; whoever loses drops its outcome.
     """
 
-    __slots__ = ("job", "timeout", "deadline", "cancelled", "future", "abandoned", "in_child", "watched",
-                 "_lock", "_settled")  # fmt: skip
+    __slots__ = ("job", "timeout", "deadline", "cancelled", "future", "in_child", "watched", "_lock", "_settled")
 
     def __init__(self, job: ClaimedJob, *, timeout: float | None = None, watched: bool = False):
         self.job = job
         self.timeout = timeout
-        self.deadline = time.monotonic() + timeout if timeout else None
-        #: Set when the job is cancelled while it runs; ``context.is_cancelled()`` reads it.
+        #: Monotonic time the attempt must end by; set by :meth:`start` (None: not started, or
+        #: no timeout).
+        self.deadline: float | None = None
+        #: Set when the job is cancelled (before or while it runs); ``context.is_cancelled()``
+        #: reads it.
         self.cancelled = threading.Event()
         #: An async task's future, so a cancel or timeout can cancel the coroutine.
         self.future: concurrent.futures.Future | None = None
-        #: The worker gave up on the thread running this attempt (it ran past its timeout).
-        self.abandoned = False
         #: Run by a child process (``--isolation process``), which the worker kills instead.
         self.in_child = False
         #: A worker delivers cancels to ``cancelled``; otherwise the context asks the database.
         self.watched = watched
         self._lock = threading.Lock()
         self._settled = False
+
+    def start(self) -> None:
+        """The attempt starts now: its timeout runs from here."""
+        if self.timeout:
+            self.deadline = time.monotonic() + self.timeout
 
     def settle(self) -> bool:
         """Claim the right to record this attempt's outcome; True for the first caller only."""
@@ -91,10 +96,6 @@ class Attempt:
                 return False
             self._settled = True
             return True
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
 
     def cancel(self) -> None:
         """The job was cancelled: tell the task, and cancel it outright when it is a coroutine."""
@@ -105,6 +106,23 @@ class Attempt:
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+def event_loop_thread(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A getter of one event loop, started on first use in a daemon thread, for async tasks."""
+    lock = threading.Lock()
+    holder: list[asyncio.AbstractEventLoop] = []
+
+    def get() -> asyncio.AbstractEventLoop:
+        with lock:
+            if not holder:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+                holder.append(loop)
+            return holder[0]
+
+    get.loop = holder  # type: ignore[attr-defined] - for whoever must stop it
+    return get
 
 
 def job_timeout(job: ClaimedJob) -> float | None:
@@ -120,7 +138,7 @@ class Executor:
         self,
         *,
         worker_id: str,
-        loop_getter: Callable[[], asyncio.AbstractEventLoop],
+        loop_getter: Callable[[], asyncio.AbstractEventLoop] | None = None,
         run_async: Callable[[Any, Attempt], Any] | None = None,
     ):
         self.worker_id = worker_id
@@ -171,15 +189,18 @@ class Executor:
             worker_ids=list(job.worker_ids),
         )
 
-    def execute(self, job: ClaimedJob, attempt: Attempt | None = None) -> Outcome | None:
+    def execute(self, job: ClaimedJob, attempt: Attempt) -> Outcome | None:
         """Run one attempt of ``job`` and say what it came to. Never raises but for
         KeyboardInterrupt; a task's SystemExit is recorded like any other error.
 
         Returns None when the worker gave the attempt up meanwhile (see :meth:`give_up`): its
         late outcome is dropped and logged.
         """
-        if attempt is None:
-            attempt = Attempt(job, timeout=job_timeout(job))
+        if attempt.deadline is None:
+            attempt.start()
+        if attempt.cancelled.is_set():
+            # Cancelled after the claim, before it started: do not run it at all.
+            return self.give_up(attempt, JobCancelled(f"Job {job.id} was cancelled before it started."))
         try:
             task = self._task_for(job)
         except TaskNotFound as exc:
@@ -213,11 +234,13 @@ class Executor:
             if not attempt.settle():
                 return _late(job, f"failed with {exc!r}")
             outcome = self._failure(job, exc)
-            self._send_finished(job, task, outcome, backend_cls)  # inside except: receivers see exc_info
+            self._send_finished(attempt, task, outcome, backend_cls)  # inside except: receivers see exc_info
             return outcome
         if not attempt.settle():
             return _late(job, "completed")
-        done = self._result(job, task, TaskResultStatus.SUCCESSFUL, job.errors)
+        # A job cancelled while it ran is stored as cancelled, which Django calls FAILED.
+        status = TaskResultStatus.FAILED if attempt.cancelled.is_set() else TaskResultStatus.SUCCESSFUL
+        done = self._result(job, task, status, job.errors)
         object.__setattr__(done, "finished_at", timezone.now())
         object.__setattr__(done, "_return_value", value)
         _send(task_finished, backend_cls, done)
@@ -234,12 +257,14 @@ class Executor:
             task = self._task_for(job)
         except TaskNotFound:
             return outcome
-        self._send_finished(job, task, outcome, backend_class(job.backend))
+        self._send_finished(attempt, task, outcome, backend_class(job.backend))
         return outcome
 
-    def _send_finished(self, job: ClaimedJob, task: Task, outcome: Outcome, backend_cls: type) -> None:
+    def _send_finished(self, attempt: Attempt, task: Task, outcome: Outcome, backend_cls: type) -> None:
+        job = attempt.job
         errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
-        status = TaskResultStatus.FAILED if outcome.state == JobState.FAILED else TaskResultStatus.READY
+        final = outcome.state == JobState.FAILED or attempt.cancelled.is_set()  # cancelled: FAILED to Django
+        status = TaskResultStatus.FAILED if final else TaskResultStatus.READY
         done = self._result(job, task, status, errors)
         object.__setattr__(done, "finished_at", timezone.now() if status == TaskResultStatus.FAILED else None)
         _send(task_finished, backend_cls, done)
@@ -257,6 +282,7 @@ class Executor:
         # Async tasks share the worker's event loop; this thread holds the job's slot and waits.
         # run_coroutine_threadsafe copies this thread's contextvars into the task, so what a
         # middleware sets (a tenant, a trace span) is seen by the coroutine.
+        assert self._loop_getter is not None, "an Executor without run_async needs a loop_getter"
         future = asyncio.run_coroutine_threadsafe(task.func(*args, **result.kwargs), self._loop_getter())
         attempt.future = future
         if attempt.cancelled.is_set():

@@ -22,7 +22,6 @@ With ``isolation="process"`` each executor thread runs its jobs in a child proce
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import queue
@@ -48,7 +47,7 @@ from ..services import Promoter, Reaper, Rescuer
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Attempt, Executor, error_record, job_timeout
+from .executor import Attempt, Executor, error_record, event_loop_thread, job_timeout
 from .isolation import ChildProcess
 from .listener import CHANNEL_RE, Listener
 
@@ -59,10 +58,6 @@ job_logger = logging.getLogger("django_jobs.worker.jobs")
 #: before it claims, so one claim (a round trip and a commit, about a millisecond) fills several
 #: slots instead of one each; short jobs finish within it, long ones barely notice it.
 CLAIM_LINGER = 0.002
-
-#: An async task gets this long past its deadline to end by cancellation before the watchdog
-#: gives up on it (the event loop may be blocked by sync code inside the coroutine).
-ASYNC_TIMEOUT_GRACE = 1.0
 
 #: How often a worker asks the database for cancels of its running jobs when no NOTIFY tells it
 #: (SQLite, or PostgreSQL while the listener reconnects).
@@ -207,20 +202,21 @@ class Worker:
         self._slots = threading.Condition()
         self._inflight = 0
         self._claimed_total = 0
-        self._jobs: queue.SimpleQueue[engine.ClaimedJob | None] = queue.SimpleQueue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        self._event_loop = event_loop_thread("jobs-asyncio")
         self._executor = Executor(worker_id=self.worker_id, loop_getter=self._event_loop)
         try:
             self._executor.chain_for(backend)  # a broken MIDDLEWARE fails here, not job by job
         except JobsConfigurationError as exc:
             raise InvalidWorkerOption(str(exc)) from None
-        # Running attempts by job id: the watchdog reads their deadlines, cancels reach them here.
+        # Attempts of the jobs this worker claimed, from the claim to the end of the attempt: the
+        # watchdog reads their deadlines, cancels reach them here (even before they start).
         self._attempts: dict[Any, Attempt] = {}
         self._attempts_lock = threading.Lock()
-        # Cancels that arrived (by NOTIFY) for jobs not running here yet: claimed and queued for
-        # an executor, or another worker's. Checked when an attempt starts; trimmed as it grows.
-        self._early_cancels: dict[Any, float] = {}
+        # Children of --isolation process, so shutdown can stop those still running jobs.
+        self._children: set[ChildProcess] = set()
+        self._children_lock = threading.Lock()
+        self._killing_children = threading.Event()
         self._listener: Listener | None = None
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._threads: list[threading.Thread] = []
@@ -316,8 +312,13 @@ class Worker:
                 with self._slots:
                     self._inflight += len(jobs)
                 self._claimed_total += len(jobs)
-                for job in jobs:
-                    self._jobs.put(job)
+                attempts = [Attempt(job, timeout=job_timeout(job), watched=True) for job in jobs]
+                with self._attempts_lock:
+                    for attempt in attempts:
+                        attempt.in_child = self.isolation == "process"
+                        self._attempts[attempt.job.id] = attempt
+                for attempt in attempts:
+                    self._jobs.put(attempt)
                 backlog = len(jobs) == free
                 if backlog:
                     continue
@@ -395,15 +396,10 @@ class Worker:
         child: ChildProcess | None = None
         try:
             while True:
-                job = self._jobs.get()
-                if job is None:
+                attempt = self._jobs.get()
+                if attempt is None:
                     return
-                attempt = Attempt(job, timeout=job_timeout(job), watched=True)
-                attempt.in_child = self.isolation == "process"
-                with self._attempts_lock:
-                    self._attempts[job.id] = attempt
-                    if self._early_cancels.pop(job.id, None) is not None:
-                        attempt.cancel()
+                job = attempt.job
                 close_old_connections()
                 t0 = time.perf_counter()
                 try:
@@ -430,10 +426,11 @@ class Worker:
                         if self._attempts.get(job.id) is attempt:
                             del self._attempts[job.id]
                 if outcome is None:
-                    # The watchdog gave this attempt up, recorded it and freed its slot.
-                    if attempt.abandoned:
-                        return  # a new executor thread has taken this one's place
-                    continue
+                    if attempt.in_child:
+                        continue  # shutting down: the job is released, its child killed
+                    # The watchdog gave this attempt up, recorded it, freed its slot and started
+                    # a new executor thread in this one's place.
+                    return
                 if verbose:
                     job_logger.info(
                         "%s %s %s attempt %d/%d in %.1f ms",
@@ -466,16 +463,24 @@ class Worker:
         """Run ``attempt`` in this slot's child process (started or replaced as needed); kill
         the child at the deadline or on cancel. Returns the outcome and the child to reuse."""
         job = attempt.job
+        if attempt.cancelled.is_set():  # cancelled after the claim: do not start it
+            return self._executor.give_up(
+                attempt, JobCancelled(f"Job {job.id} was cancelled before it started.")
+            ), child
         if child is None or not child.alive:
             if child is not None:
+                self._forget_child(child)
                 child.kill()
             try:
                 child = ChildProcess(worker_id=self.worker_id, index=self._claimed_total)
-            except RuntimeError as exc:
+            except (RuntimeError, OSError) as exc:
                 logger.error("Worker %s: %s", self.worker_id, exc)
-                return self._executor.give_up(attempt, ChildProcessDied(str(exc))), None
-            if attempt.timeout:  # the child's start-up does not count against the job's time
-                attempt.deadline = time.monotonic() + attempt.timeout
+                return self._executor.give_up(
+                    attempt, ChildProcessDied(f"A job child process failed to start: {exc}")
+                ), None
+            with self._children_lock:
+                self._children.add(child)
+        attempt.start()  # after the child's start-up, which does not count against the job's time
         try:
             child.conn.send(job)
         except (OSError, ValueError) as exc:
@@ -484,12 +489,17 @@ class Worker:
                 attempt, ChildProcessDied(f"Could not hand the job to its child: {exc}")
             ), None
         while True:
-            if child.conn.poll(0.05):
-                try:
+            if self._killing_children.is_set():
+                # Shutting down after the grace period: the child is killed and the job released.
+                return None, None
+            try:
+                if child.conn.poll(0.05):
                     outcome = child.conn.recv()
-                except (EOFError, OSError):
-                    break
-                return (outcome if attempt.settle() else None), child
+                    return (outcome if attempt.settle() else None), child
+            except (EOFError, OSError, ValueError):  # the child died, or shutdown closed the pipe
+                if self._killing_children.is_set():
+                    return None, None
+                break
             if attempt.cancelled.is_set():
                 child.kill()
                 logger.info("Job %s was cancelled; killed its child process.", job.id)
@@ -503,11 +513,10 @@ class Worker:
                     f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s; its child process was "
                     "killed.")), None  # fmt: skip
             if not child.alive:
+                if child.conn.poll(0):
+                    continue  # it answered, then exited: read the answer
                 break
-            if self._maintenance_done.is_set():
-                # Shut down after the grace period: the job was released; stop its child.
-                child.kill()
-                return None, None
+        self._forget_child(child)
         child.process.join(2)  # the pipe closes a moment before the process can be reaped
         code = child.process.exitcode
         child.kill()
@@ -516,52 +525,60 @@ class Worker:
             f"The child process running {job.task_path} died (exit code {code}) before it answered; "
             "the code it ran crashed the interpreter or was killed.")), None  # fmt: skip
 
+    def _forget_child(self, child: ChildProcess) -> None:
+        with self._children_lock:
+            self._children.discard(child)
+
     def _watch(self) -> None:
-        """The watchdog: give up attempts (run by threads) that are past their deadline."""
+        """The watchdog: give up attempts of sync tasks run by threads that are past their
+        deadline. (An async task's thread enforces its own deadline; a child process's thread
+        kills the child.)"""
         while not self._maintenance_done.wait(0.05):
             now = time.monotonic()
             with self._attempts_lock:
                 due = [
                     a
                     for a in self._attempts.values()
-                    if a.deadline is not None
-                    and not a.in_child
-                    and now >= a.deadline + (ASYNC_TIMEOUT_GRACE if a.future is not None else 0.0)
+                    if a.deadline is not None and now >= a.deadline and not a.in_child and a.future is None
                 ]
             for attempt in due:
-                job = attempt.job
-                error = JobTimeout(
-                    f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s. Its thread cannot be "
-                    "stopped and was left running; whatever it returns later is discarded."
-                )
-                outcome = self._executor.give_up(attempt, error)
-                if outcome is None:
-                    continue  # it finished at the same moment: its own outcome stands
-                attempt.abandoned = True
-                with self._attempts_lock:
-                    if self._attempts.get(job.id) is attempt:
-                        del self._attempts[job.id]
-                self.stats.timed_out += 1
-                logger.warning(
-                    "Job %s ran past its timeout of %gs: recorded as %s. Its thread cannot be stopped and "
-                    "runs on; a new thread takes its slot (use --isolation process to kill such jobs).",
-                    job.id,
-                    attempt.timeout,
-                    outcome.state,
-                )
-                self._spawn_executor()
-                self._finish(outcome)
+                try:
+                    self._time_out(attempt)
+                except Exception as exc:  # noqa: BLE001 - without the watchdog no timeout holds: stop
+                    self._crash = WorkerCrashed(f"The watchdog failed ({type(exc).__name__}: {exc}); stopping.")
+                    logger.exception("Worker %s: the watchdog failed; stopping the worker.", self.worker_id)
+                    self.stop()
+                    return
+
+    def _time_out(self, attempt: Attempt) -> None:
+        job = attempt.job
+        error = JobTimeout(
+            f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s. Its thread cannot be "
+            "stopped and was left running; whatever it returns later is discarded."
+        )
+        outcome = self._executor.give_up(attempt, error)
+        if outcome is None:
+            return  # it finished at the same moment: its own outcome stands
+        with self._attempts_lock:
+            if self._attempts.get(job.id) is attempt:
+                del self._attempts[job.id]
+        with self._slots:
+            self.stats.timed_out += 1
+        logger.warning(
+            "Job %s ran past its timeout of %gs: recorded as %s. Its thread cannot be stopped and "
+            "runs on; a new thread takes its slot (use --isolation process to kill such jobs).",
+            job.id,
+            attempt.timeout,
+            outcome.state,
+        )
+        self._finish(outcome)  # first: the outcome must be recorded whatever happens next
+        self._spawn_executor()
 
     def _on_cancel(self, job_id: Any) -> None:
         """A running job of ours was cancelled: tell its attempt (threads see is_cancelled(),
         coroutines are cancelled, child processes killed)."""
         with self._attempts_lock:
-            attempt = self._attempts.get(job_id)
-            if attempt is None:
-                now = time.monotonic()
-                if len(self._early_cancels) >= 1000:  # most are other workers' jobs: keep the last minute
-                    self._early_cancels = {k: t for k, t in self._early_cancels.items() if now - t < 60}
-                self._early_cancels[job_id] = now
+            attempt = self._attempts.get(job_id)  # None: another worker's job, or already ended
         if attempt is not None and not attempt.cancelled.is_set():
             logger.info("Job %s was cancelled while running.", job_id)
             attempt.cancel()
@@ -590,15 +607,6 @@ class Worker:
                 send_job_signal(
                     job_retried, self.backend, **payload, attempt=o.attempt, run_at=o.available_at, error=o.error
                 )
-
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        with self._loop_lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                t = threading.Thread(target=loop.run_forever, name="jobs-asyncio", daemon=True)
-                t.start()
-                self._loop = loop
-            return self._loop
 
     # -- maintenance ------------------------------------------------------------------------------
 
@@ -714,6 +722,14 @@ class Worker:
                 still_running,
                 self.grace,
             )
+        if still_running and self.isolation == "process":
+            # Stop the children still running jobs before those jobs are released, so no job
+            # runs here and on another worker at once.
+            self._killing_children.set()
+            with self._children_lock:
+                children = list(self._children)
+            for child in children:
+                child.kill()
         # Jobs claimed but not started yet are not run: the release below hands them back.
         while True:
             try:
@@ -736,8 +752,8 @@ class Worker:
             engine.unregister_worker(using=self.using, worker_id=self.worker_id)
         except DatabaseError:
             logger.warning("Worker %s could not remove its row; the reaper will.", self.worker_id)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        for loop in self._event_loop.loop:  # type: ignore[attr-defined]
+            loop.call_soon_threadsafe(loop.stop)
         self.stats.stopped_at = time.monotonic()
         _close_connection(self.using)
         logger.info("Worker %s stopped: %s", self.worker_id, self.stats.summary())
