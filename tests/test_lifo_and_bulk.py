@@ -478,3 +478,21 @@ def test_jobs_enqueued_many_at_once_run_through_a_worker(thread_worker, probe):
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
     assert [r.return_value for r in lifo] == ["lifo-0", "lifo-1", "lifo-2"]
+
+
+@db
+def test_one_hundred_thousand_jobs_from_a_generator_in_one_call_all_or_nothing(enqueued_signals):
+    """The issue's size: 100,000 jobs stream through chunk by chunk; a bad last item undoes all."""
+    n = 100_000
+
+    def items(bad_at=None):
+        for i in range(n):
+            yield i if i == bad_at else (i, 1)
+
+    with pytest.raises(InvalidTaskArguments, match=f"^enqueue_many item {n - 1} is an int;"):
+        tasks.add.enqueue_many(items(bad_at=n - 1))
+    assert Job.objects.count() == 0
+
+    results = tasks.add.enqueue_many(items())
+    assert len(results) == n and results[0].args == [0, 1] and results[-1].args == [n - 1, 1]
+    assert Job.objects.filter(state="waiting").count() == n
