@@ -3,9 +3,25 @@
 __version__ = "0.1.0"
 
 from .backend import JobCall, call  # noqa: E402 - the public names, importable without settings
+from .dedup import Dedup  # noqa: E402
 from .exceptions import Fail, Retry, Snooze  # noqa: E402
+from .flows import Flow, flow  # noqa: E402
+from .tracing import trace  # noqa: E402
 
-__all__ = ["Fail", "JobCall", "Retry", "Snooze", "__version__", "call", "cancel", "retry"]
+__all__ = [
+    "Dedup",
+    "Fail",
+    "Flow",
+    "JobCall",
+    "Retry",
+    "Snooze",
+    "__version__",
+    "call",
+    "cancel",
+    "flow",
+    "retry",
+    "trace",
+]
 
 
 def cancel(result_id, *, backend="default"):  # noqa: ANN001, ANN201 - see django_jobs.api.cancel

@@ -28,15 +28,17 @@ from django.utils.module_loading import import_string
 
 from .backoff import validate_backoff
 from .conf import get_settings
+from .dedup import Dedup, check_key
 from .exceptions import InvalidQueueName, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
 from .states import JobState, to_task_status
+from .tracing import trace_id_for_new_job, validate_trace_id
 
 logger = logging.getLogger("django_jobs.backend")
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
-JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo")
+JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id")
 
 
 class _JobTaskMeta(type):
@@ -65,12 +67,20 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     ``JobTimeout`` error (retried if attempts remain). ``None``: no limit.
     ``lifo``: last in, first out: the job is claimed before the FIFO jobs of its priority,
     and among LIFO jobs the newest first. Priority still comes first.
+    ``dedup``: a :class:`~django_jobs.Dedup`: an enqueue while its key is held returns the job
+    holding it (``duplicate=True``); ``.using(dedup=False)`` turns a decorator's off.
+    ``idempotency_key``: the queue keeps one job per key for as long as the job row exists; a
+    second enqueue returns the first job (``duplicate=True``). Meant for ``.using()``.
+    ``trace_id``: the job's pipeline id (default: the running job's, or a new one).
     """
 
     max_attempts: int | None = None
     backoff: Any = None
     timeout: float | None = None
     lifo: bool = False
+    dedup: Dedup | None = None
+    idempotency_key: str | None = None
+    trace_id: str | None = None
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None, **options):  # type: ignore[override]
         """A copy of the task with other defaults; accepts the django-jobs options too."""
@@ -81,6 +91,8 @@ class JobTask(Task, metaclass=_JobTaskMeta):
                 f"queue_name, run_after, backend, {', '.join(JOB_OPTIONS)}."
             )
         changes: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        if options.get("dedup") is False:  # off for this call, whatever the decorator said
+            changes["dedup"] = None
         if isinstance(run_after, timedelta):
             # A delay: from now, the moment .using() is called (normally right before enqueue).
             if run_after < timedelta(0):
@@ -165,6 +177,24 @@ def validate_job_options(task: Task) -> None:
     lifo = getattr(task, "lifo", False)
     if not isinstance(lifo, bool):
         raise InvalidTaskOptions(f"lifo must be True or False; got {lifo!r}.")
+    dedup = getattr(task, "dedup", None)
+    if dedup is not None and not isinstance(dedup, Dedup):
+        raise InvalidTaskOptions(
+            f"dedup must be a django_jobs.Dedup, such as Dedup('user:42') or Dedup(key, ttl=60) (or None/False "
+            f"for none); got {dedup!r}."
+        )
+    idempotency_key = getattr(task, "idempotency_key", None)
+    if idempotency_key is not None:
+        check_key(idempotency_key, "idempotency_key")
+        if dedup is not None:
+            raise InvalidTaskOptions(
+                "A task cannot have both dedup and idempotency_key: an idempotency key names one job for as long "
+                "as it exists, a dedup key only while its job is unfinished (or for its ttl). Pick one; "
+                ".using(dedup=False) turns off a decorator's dedup."
+            )
+    trace_id = getattr(task, "trace_id", None)
+    if trace_id is not None:
+        validate_trace_id(trace_id)
 
 
 def backoff_path(backoff: Any) -> str:
@@ -248,9 +278,15 @@ def _send_enqueued(sender: type, results: list[Any]) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobResult(TaskResult):
     """Django's ``TaskResult`` plus what django-jobs stores beside it: ``progress`` (set by a
-    running task with ``context.set_progress``)."""
+    running task with ``context.set_progress``) and ``trace_id`` (the job's pipeline).
+
+    ``duplicate``: this result comes from an enqueue that did not insert a job because a job
+    held its dedup or idempotency key; it describes that job. Always False from ``get_result``.
+    """
 
     progress: Any = None
+    trace_id: str | None = None
+    duplicate: bool = False
 
     def refresh(self) -> None:
         self._copy_from(self.task.get_backend().get_result(self.id))
@@ -259,7 +295,7 @@ class JobResult(TaskResult):
         self._copy_from(await self.task.get_backend().aget_result(self.id))
 
     def _copy_from(self, fresh: TaskResult) -> None:
-        for attr in (*TASK_REFRESH_ATTRS, "progress"):
+        for attr in (*TASK_REFRESH_ATTRS, "progress", "args", "kwargs"):
             object.__setattr__(self, attr, getattr(fresh, attr, None))
 
 
@@ -345,30 +381,76 @@ class JobsBackend(BaseTaskBackend):
     # -- enqueue -----------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Insert the job in the caller's transaction; ``task_enqueued`` is sent on commit."""
+        """Insert the job in the caller's transaction; ``task_enqueued`` is sent on commit.
+
+        With ``dedup`` or ``idempotency_key``, an enqueue whose key is held inserts nothing and
+        returns the job holding it, ``duplicate=True`` (and sends no ``task_enqueued``).
+        """
         self.validate_task(task)
         args, kwargs = self._check_payload(args, kwargs)
         max_attempts, options = self._job_fields(task)
         from . import engine  # models load lazily, so E001 can report a missing app
 
-        job = engine.insert_job(
-            using=self.database,
-            backend=self.alias,
-            task_path=task.module_path,
-            queue=task.queue_name,
-            priority=task.priority,
-            args=args,
-            kwargs=kwargs,
-            max_attempts=max_attempts,
-            options=options,
-            run_after=task.run_after,
-            lifo=bool(getattr(task, "lifo", False)),
-        )
-        result = self._result_from_job(job, task)
-        transaction.on_commit(
-            lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
-        )
+        trace_id = trace_id_for_new_job(getattr(task, "trace_id", None))
+        fields = self._insert_fields(task, args, kwargs, max_attempts, options, trace_id)
+        dedup = getattr(task, "dedup", None)
+        idempotency_key = getattr(task, "idempotency_key", None)
+        if dedup is not None:
+            result, _ = self._enqueue_deduplicated(task, dedup, fields, notify_workers=True)
+        elif idempotency_key is not None:
+            job, created = engine.insert_job_once(**fields, idempotency_key=idempotency_key)
+            result = self._result_from_job(job, _same_task(task, job), duplicate=not created)
+        else:
+            result = self._result_from_job(engine.insert_job(**fields), task)
+        if not result.duplicate:
+            transaction.on_commit(
+                lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
+            )
         return result
+
+    def _insert_fields(
+        self,
+        task: Task,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        max_attempts: int,
+        options: dict[str, Any],
+        trace_id: str,
+    ) -> dict[str, Any]:
+        """The keyword arguments of the engine's insert functions for one job of ``task``."""
+        return {
+            "using": self.database,
+            "backend": self.alias,
+            "task_path": task.module_path,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "args": args,
+            "kwargs": kwargs,
+            "max_attempts": max_attempts,
+            "options": options,
+            "run_after": task.run_after,
+            "lifo": bool(getattr(task, "lifo", False)),
+            "trace_id": trace_id,
+        }
+
+    def _enqueue_deduplicated(
+        self, task: Task, dedup: Dedup, fields: dict[str, Any], *, notify_workers: bool
+    ) -> tuple[JobResult, bool]:
+        """One enqueue through :func:`engine.enqueue_deduplicated` (``fields`` as insert_job takes
+        them); its result, and whether a job became waiting (workers to wake)."""
+        from . import engine
+
+        done = engine.enqueue_deduplicated(
+            **fields,
+            key=dedup.key_for(fields["args"], fields["kwargs"]),
+            ttl=dedup.ttl,
+            extend=dedup.extend,
+            replace=dedup.replace,
+            keep_last_if_active=dedup.keep_last_if_active,
+            notify_workers=notify_workers,
+        )
+        woke = done.job.state == JobState.WAITING and (done.created or "replaced" in done.changes)
+        return self._result_from_job(done.job, _same_task(task, done.job), duplicate=not done.created), woke
 
     def enqueue_many(self, task: Task, items: Iterable[Any]) -> list[JobResult]:
         """Enqueue one job of ``task`` per item of ``items``; return their results in that order.
@@ -385,13 +467,29 @@ class JobsBackend(BaseTaskBackend):
         class, its message prefixed ``enqueue_many item {i}: ``). Wakes the workers of the queue
         once (PostgreSQL NOTIFY, on commit). ``task_enqueued`` is sent for each job, in order,
         on commit, from one ``on_commit`` callback.
+
+        All the jobs of one call share one trace id. With ``dedup``, the items go through the
+        dedup path one at a time (its key computed from each item's arguments when the key is a
+        callable), slower than the multi-row INSERT; each result says whether it is a
+        ``duplicate``, and ``task_enqueued`` is sent for the new jobs only. An
+        ``idempotency_key`` raises InvalidTaskOptions: one key cannot name many jobs.
         """
         from . import engine  # models load lazily, so E001 can report a missing app
 
         self.validate_task(task)
+        if getattr(task, "idempotency_key", None) is not None:
+            raise InvalidTaskOptions(
+                "enqueue_many cannot take an idempotency_key: one idempotency key cannot name many jobs. Enqueue "
+                "each job with its own key (task.using(idempotency_key=...).enqueue(...)), or give each item a "
+                "dedup key computed from its arguments: dedup=Dedup(lambda args, kwargs: f'order:{args[0]}')."
+            )
         max_attempts, options = self._job_fields(task)
         lifo = bool(getattr(task, "lifo", False))
         using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
+        trace_id = trace_id_for_new_job(getattr(task, "trace_id", None))
+        dedup = getattr(task, "dedup", None)
+        if dedup is not None:
+            return self._enqueue_many_deduplicated(task, dedup, items, max_attempts, options, trace_id)
         now = timezone.now()
         delayed = task.run_after is not None and task.run_after > now
         status = to_task_status(JobState.DELAYED if delayed else JobState.WAITING)
@@ -414,6 +512,7 @@ class JobsBackend(BaseTaskBackend):
                 lifo=lifo,
                 now=now,
                 position=len(results),
+                trace_id=trace_id,
             )
             for job_id, (args, kwargs) in zip(ids, payloads, strict=True):
                 results.append(
@@ -430,6 +529,7 @@ class JobsBackend(BaseTaskBackend):
                         backend=self.alias,
                         errors=[],
                         worker_ids=[],
+                        trace_id=trace_id,
                     )
                 )
             rows.clear()
@@ -457,6 +557,44 @@ class JobsBackend(BaseTaskBackend):
                 transaction.on_commit(lambda: _send_enqueued(type(self), results), using=using, robust=True)
         return results
 
+    def _enqueue_many_deduplicated(
+        self,
+        task: Task,
+        dedup: Dedup,
+        items: Iterable[Any],
+        max_attempts: int,
+        options: dict[str, Any],
+        trace_id: str,
+    ) -> list[JobResult]:
+        """:meth:`enqueue_many` with ``dedup``: one dedup enqueue per item, in one atomic block."""
+        from . import engine
+
+        using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
+        results: list[JobResult] = []
+        wake = False
+        with transaction.atomic(using=using):
+            for index, item in enumerate(items):
+                args, kwargs = _item_arguments(index, item)
+                try:
+                    args_json, kwargs_json = self._payload_json(args, kwargs, cap)
+                except InvalidTaskArguments as exc:
+                    raise type(exc)(f"enqueue_many item {index}: {exc}") from None
+                # The stored values as the worker will read them back (tuples become lists).
+                stored_args, stored_kwargs = json.loads(args_json), json.loads(kwargs_json)
+                fields = self._insert_fields(task, stored_args, stored_kwargs, max_attempts, options, trace_id)
+                try:
+                    result, woke = self._enqueue_deduplicated(task, dedup, fields, notify_workers=False)
+                except InvalidTaskOptions as exc:
+                    raise InvalidTaskOptions(f"enqueue_many item {index}: {exc}") from None
+                results.append(result)
+                wake = wake or woke
+            if wake:
+                engine.notify(using, [task.queue_name])
+            created = [r for r in results if not r.duplicate]
+            if created:
+                transaction.on_commit(lambda: _send_enqueued(type(self), created), using=using, robust=True)
+        return results
+
     async def aenqueue_many(self, task: Task, items: Iterable[Any]) -> list[JobResult]:
         """The async form of :meth:`enqueue_many` (in a thread, as Django's ``aenqueue`` does)."""
         return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, items)
@@ -476,7 +614,7 @@ class JobsBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(f"No job with id {result_id!r}.") from None
         return self._result_from_job(job)
 
-    def _result_from_job(self, job: Any, task: Task | None = None) -> TaskResult:
+    def _result_from_job(self, job: Any, task: Task | None = None, *, duplicate: bool = False) -> TaskResult:
         if task is None:
             task = task_for_job(job.task_path, job.backend, job.queue, job.priority)
         result = JobResult(
@@ -495,6 +633,8 @@ class JobsBackend(BaseTaskBackend):
             ],
             worker_ids=list(job.worker_ids),
             progress=job.progress,
+            trace_id=job.trace_id,
+            duplicate=duplicate,
         )
         object.__setattr__(result, "_return_value", job.return_value)
         return result
@@ -505,6 +645,11 @@ class JobsBackend(BaseTaskBackend):
         from .checks import check_backend
 
         return check_backend(self)
+
+
+def _same_task(task: Task, job: Any) -> Task | None:
+    """``task`` when ``job`` is one of its jobs (a duplicate may be another task's job)."""
+    return task if job.task_path == task.module_path else None
 
 
 def task_for_job(path: str, backend: str, queue: str, priority: int) -> Task:

@@ -42,6 +42,20 @@ class JobContext(TaskContext):
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
+    def children_results(self) -> dict[str, Any]:
+        """The return values of this job's finished children, by child id (a flow's parent)."""
+        return self._children()["results"]
+
+    def children_failures(self) -> dict[str, Any]:
+        """The errors of children that failed without failing this job (failure_policy
+        ``ignore`` or ``continue``; a ``remove``d dependency is not reported), by child id."""
+        return self._children()["failures"]
+
+    def _children(self) -> dict[str, dict[str, Any]]:
+        from . import engine
+
+        return engine.children_values(using=self.database, parent_id=uuid.UUID(self.job_id))
+
     def fail(self, error_or_message: BaseException | str | None = None) -> NoReturn:
         """Fail the job for good now, whatever attempts remain."""
         raise Fail(error_or_message)

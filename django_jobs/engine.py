@@ -27,11 +27,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import connections, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from .db import Dialect
-from .models import Job, JobLog, Worker
+from .exceptions import InvalidTaskOptions, JobsError
+from .models import Job, JobDependency, JobLog, Worker
+from .models.dedup import JobDedup, JobDedupNext
 from .states import FINISHED_STATES, JobState
+from .tracing import trace_id_for_new_job
 from .uuid7 import uuid7
 
 logger = logging.getLogger("django_jobs.engine")
@@ -59,6 +63,7 @@ _CLAIM_COLUMNS = (
     "worker_ids",
     "seq",
     "parent_id",
+    "trace_id",
 )
 
 
@@ -87,6 +92,9 @@ class ClaimedJob:
     seq: int = 0
     #: The job's parent in a flow (the flows feature fills it); None for a job on its own.
     parent_id: uuid.UUID | None = None
+    #: The pipeline the job belongs to (``django_jobs.trace``); None only for rows from before
+    #: trace ids were stored.
+    trace_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -108,6 +116,8 @@ class Outcome:
     #: The job's queue and the number of the attempt, for signals and logs (not written).
     queue: str = ""
     attempt: int = 0
+    #: The job is a child in a flow: its final state must move its parent on (same transaction).
+    has_parent: bool = False
 
 
 # -- enqueue --------------------------------------------------------------------------------
@@ -146,16 +156,67 @@ def insert_job(
     options: dict[str, Any],
     run_after: datetime | None = None,
     lifo: bool = False,
+    trace_id: str | None = None,
     now: datetime | None = None,
 ) -> Job:
     """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``).
 
     ``lifo``: the job is claimed before the FIFO jobs of its priority, newest first
-    (see :func:`ready_seq`).
+    (see :func:`ready_seq`). ``trace_id``: the job's pipeline; ``None``: the running job's, or a
+    new one (:func:`django_jobs.tracing.trace_id_for_new_job`).
     """
+    job = _new_job(
+        backend=backend,
+        task_path=task_path,
+        queue=queue,
+        priority=priority,
+        args=args,
+        kwargs=kwargs,
+        max_attempts=max_attempts,
+        options=options,
+        run_after=run_after,
+        lifo=lifo,
+        trace_id=trace_id,
+        now=now,
+    )
+    d = Dialect(using)
+    conn = connections[using]
+    wake = job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(conn, queue)
+    params = _insert_params(d, job)
+    if wake:
+        from .conf import get_settings
+
+        params.append(get_settings().NOTIFY_CHANNEL)
+    with conn.cursor() as cursor:
+        cursor.execute(_insert_sql(d.pg, notify=wake), params)
+    _mark_saved(job, using)
+    return job
+
+
+def _new_job(
+    *,
+    backend: str,
+    task_path: str,
+    queue: str,
+    priority: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    max_attempts: int,
+    options: dict[str, Any],
+    run_after: datetime | None,
+    lifo: bool,
+    now: datetime | None,
+    trace_id: str | None = None,
+    dedup_key: str | None = None,
+    idempotency_key: str | None = None,
+    enqueued_at: datetime | None = None,
+) -> Job:
+    """The unsaved row of a new job: waiting, or delayed until ``run_after`` when that is after
+    ``now``; ``enqueued_at`` defaults to ``now``."""
     now = now or timezone.now()
     delayed = run_after is not None and run_after > now
-    job = Job(
+    available_at = run_after if delayed else now
+    return Job(
         backend=backend,
         queue=queue,
         task_path=task_path,
@@ -165,38 +226,40 @@ def insert_job(
         max_attempts=max_attempts,
         options=options,
         state=JobState.DELAYED if delayed else JobState.WAITING,
-        available_at=run_after if delayed else now,
-        enqueued_at=now,
+        available_at=available_at,
+        enqueued_at=enqueued_at or now,
+        seq=ready_seq(available_at, lifo),
+        trace_id=trace_id_for_new_job(trace_id),
+        dedup_key=dedup_key,
+        idempotency_key=idempotency_key,
     )
-    job.seq = ready_seq(job.available_at, lifo)
-    d = Dialect(using)
-    conn = connections[using]
-    wake = not delayed and d.pg and _first_notify_in_transaction(conn, queue)
-    sql = _insert_sql(d.pg, notify=wake)
-    params = [
-        d.uuid(job.id),
-        backend,
-        queue,
-        task_path,
-        json.dumps(args),
-        json.dumps(kwargs),
-        job.state,
-        priority,
-        d.dt(job.available_at),
-        json.dumps(options),
-        max_attempts,
-        d.dt(now),
-        job.seq,
-    ]
-    if wake:
-        from .conf import get_settings
 
-        params.append(get_settings().NOTIFY_CHANNEL)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+
+def _insert_params(d: Dialect, job: Job) -> list[Any]:
+    """The parameters of :func:`_insert_sql` for ``job``, in its column order."""
+    return [
+        d.uuid(job.id),
+        job.backend,
+        job.queue,
+        job.task_path,
+        json.dumps(job.args),
+        json.dumps(job.kwargs),
+        job.state,
+        job.priority,
+        d.dt(job.available_at),
+        json.dumps(job.options),
+        job.max_attempts,
+        d.dt(job.enqueued_at),
+        job.seq,
+        job.trace_id,
+        job.dedup_key,
+        job.idempotency_key,
+    ]
+
+
+def _mark_saved(job: Job, using: str) -> None:
     job._state.adding = False
     job._state.db = using
-    return job
 
 
 _INSERT_COLUMNS = (
@@ -206,18 +269,29 @@ _INSERT_COLUMNS = (
 
 
 @functools.cache
-def _insert_sql(pg: bool, notify: bool) -> str:
+def _insert_sql(pg: bool, notify: bool, once: bool = False) -> str:
     """The INSERT of :func:`insert_job`, built once per vendor: enqueue is a hot path and
-    compiling Django's 32-column insert costs more than the database's work."""
+    compiling Django's 32-column insert costs more than the database's work.
+
+    ``once``: the idempotency-key insert (:func:`insert_job_once`): nothing is inserted when the
+    queue has a job with that key, and the new id is returned when one is.
+    """
 
     def cast(t: str) -> str:
         return f"%s::{t}" if pg else "%s"
 
     values = ", ".join(
         [cast("uuid"), "%s", "%s", "%s", cast("jsonb"), cast("jsonb"), "%s", "%s", cast("timestamptz"),
-         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s"]
+         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s"]
     )  # fmt: skip
-    sql = f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}) VALUES ({values})"
+    sql = f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, dedup_key, idempotency_key) VALUES ({values})"
+    if once:
+        # The conflict target names the partial unique index django_jobs_idempotency_key, WHERE
+        # included (both vendors need it to infer a partial index).
+        sql += " ON CONFLICT (backend, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+        if notify:  # NOTIFY only when a row was inserted
+            return f"WITH new_job AS ({sql} RETURNING id, queue) SELECT id, pg_notify(%s, queue) FROM new_job"
+        return f"{sql} RETURNING id"
     if notify:
         # The INSERT and its NOTIFY in one statement: enqueue is a hot path and a separate
         # SELECT pg_notify would cost a round trip. Delivered on commit, like any NOTIFY.
@@ -225,14 +299,14 @@ def _insert_sql(pg: bool, notify: bool) -> str:
     return sql
 
 
-#: Rows per INSERT statement of :func:`insert_jobs`. 500 rows x 4 parameters + 9 = 2,009 bound
+#: Rows per INSERT statement of :func:`insert_jobs`. 500 rows x 4 parameters + 10 = 2,010 bound
 #: variables: under SQLite's limit (32,766 by default since 3.32, our minimum is 3.35; a build
 #: or connection set lower is honoured, see _rows_per_statement) and PostgreSQL's 65,535. Large
 #: enough that the round trip per statement is a small part of its cost, small enough that one
 #: statement's SQL and parameters stay around 100 KiB however many jobs the caller sends.
 INSERT_CHUNK = 500
 _MANY_ROW_PARAMS = 4  # id, args, kwargs, seq: what differs between the jobs of one batch
-_MANY_SHARED_PARAMS = 9  # the rest, bound once per statement
+_MANY_SHARED_PARAMS = 10  # the rest, bound once per statement
 
 
 def _insert_many_sql(pg: bool, n: int) -> str:
@@ -251,11 +325,11 @@ def _insert_many_sql(pg: bool, n: int) -> str:
     row = f"({cast('uuid')}, {cast('jsonb')}, {cast('jsonb')}, %s)"
     shared = ", ".join(
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
-         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq"]
+         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s"]
     )  # fmt: skip
     return (
         f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}) "
-        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}) SELECT {shared} FROM v"
+        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id) SELECT {shared} FROM v"
     )
 
 
@@ -285,6 +359,7 @@ def insert_jobs(
     lifo: bool = False,
     now: datetime,
     position: int = 0,
+    trace_id: str | None = None,
 ) -> list[uuid.UUID]:
     """Insert jobs of one task in the caller's transaction, one multi-row INSERT per
     :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows``.
@@ -295,6 +370,7 @@ def insert_jobs(
     ``position``: where ``rows[0]`` stands in the caller's whole batch. FIFO jobs of one batch
     share a seq and keep their order by id; LIFO jobs get ``seq - position`` so the last one
     given runs first, as if each were enqueued a microsecond after the one before it.
+    ``trace_id``: shared by every job (``None``: the running job's, or a new one).
 
     Sends no NOTIFY: the caller wakes workers once per batch with :func:`notify`.
     """
@@ -318,6 +394,7 @@ def insert_jobs(
         json.dumps(options),
         max_attempts,
         d.dt(now),
+        trace_id_for_new_job(trace_id),
     ]
     ids = [uuid7() for _ in rows]
     per_statement = _rows_per_statement(conn)
@@ -382,6 +459,536 @@ def _sent_in_transaction(conn: Any) -> set[str]:
         conn._django_jobs_notified = marker
         transaction.on_commit(forget, using=conn.alias)
     return marker[0]
+
+
+# -- deduplication --------------------------------------------------------------------------
+
+DEDUP_TABLE = JobDedup._meta.db_table
+DEDUP_NEXT_TABLE = JobDedupNext._meta.db_table
+#: How often one enqueue starts over when the key it met was released before it could lock it
+#: (its holder deleted, or the sweeper removing it as expired). Each try is a savepoint.
+_DEDUP_TRIES = 10
+_UNSTARTED = (JobState.WAITING, JobState.DELAYED)
+_KEY_WHERE = 'backend = %s AND queue = %s AND "key" = %s'
+
+
+class DedupOutcome(NamedTuple):
+    """What :func:`enqueue_deduplicated` did."""
+
+    #: The job holding the key now: the new job, or (a duplicate) the one that held it.
+    job: Job
+    #: A new job was inserted: the key was free, its holder had finished, or it had expired.
+    created: bool
+    #: A new job: ``("took_over",)`` when the key had a finished or expired holder. A duplicate:
+    #: any of ``replaced`` (the holder's arguments and run_after), ``extended`` (the key's
+    #: expiry), ``stashed`` (kept to run after the running holder).
+    changes: tuple[str, ...] = ()
+
+
+def enqueue_deduplicated(
+    *,
+    using: str,
+    backend: str,
+    queue: str,
+    key: str,
+    ttl: float | None = None,
+    extend: bool = False,
+    replace: bool = False,
+    keep_last_if_active: bool = False,
+    task_path: str,
+    priority: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    max_attempts: int,
+    options: dict[str, Any],
+    run_after: datetime | None = None,
+    lifo: bool = False,
+    trace_id: str | None = None,
+    notify_workers: bool = True,
+    now: datetime | None = None,
+) -> DedupOutcome:
+    """Insert a job unless ``key`` (unique per backend and queue) is held; in the caller's
+    transaction, inside a savepoint.
+
+    The key is taken with ``INSERT ... ON CONFLICT DO NOTHING`` on the unique constraint, never
+    checked first: of concurrent enqueues of a free key exactly one inserts it (on PostgreSQL the
+    others wait on the unique index until it commits or rolls back; on SQLite the statement holds
+    the write lock). On a conflict the key's row is locked (``FOR UPDATE``; SQLite's write lock)
+    and the holder decides:
+
+    * the key expired (``expire_at`` passed), or has no expiry and its job finished: this
+      enqueue takes it over (a guarded UPDATE on the old job id and the reason) and inserts its
+      job; a stash left for the key is dropped, this enqueue being newer;
+    * else it is a duplicate: the holder is returned, after ``replace`` gave a waiting or
+      delayed holder this enqueue's arguments and run_after (guarded on those states),
+      ``keep_last_if_active`` stashed this enqueue while the holder runs (one per key, the last
+      one wins, made a job by :func:`promote_dedup_stashes`; the key then holds until it is),
+      or ``extend`` moved the key's expiry to ``ttl`` seconds from now.
+
+    ``ttl``: seconds the key holds from now, whatever its job's state (None: while the job is
+    unfinished). Expiry is on ``now``, or the database clock on PostgreSQL. ``notify_workers``:
+    wake the queue's workers when a job became waiting (``enqueue_many`` wakes them once).
+    Raises InvalidTaskOptions when ``replace`` meets a holder of another task.
+    """
+    d = Dialect(using)
+    conn = connections[using]
+    for _ in range(_DEDUP_TRIES):
+        job = _new_job(
+            backend=backend,
+            task_path=task_path,
+            queue=queue,
+            priority=priority,
+            args=args,
+            kwargs=kwargs,
+            max_attempts=max_attempts,
+            options=options,
+            run_after=run_after,
+            lifo=lifo,
+            now=now,
+            trace_id=trace_id,
+            dedup_key=key,
+        )
+        with transaction.atomic(using=using), conn.cursor() as cursor:
+            outcome = _enqueue_dedup_try(
+                cursor,
+                d,
+                using,
+                job,
+                ttl=ttl,
+                extend=extend,
+                replace=replace,
+                keep_last=keep_last_if_active,
+                wake=notify_workers,
+                now=now,
+            )
+        if outcome is not None:
+            break
+    else:
+        raise JobsError(
+            f"Could not enqueue with dedup key {key!r} (queue {queue!r}) after {_DEDUP_TRIES} tries: the key was "
+            "released every time before it could be read (are its jobs deleted as fast as they are enqueued?). "
+            "Enqueue again."
+        )
+    if notify_workers and outcome.job.state == JobState.WAITING and "replaced" in outcome.changes:
+        notify(using, [queue])  # a new job's NOTIFY rode on its INSERT
+    return outcome
+
+
+def _enqueue_dedup_try(
+    cursor: Any,
+    d: Dialect,
+    using: str,
+    job: Job,
+    *,
+    ttl: float | None,
+    extend: bool,
+    replace: bool,
+    keep_last: bool,
+    wake: bool,
+    now: datetime | None,
+) -> DedupOutcome | None:
+    """One try of :func:`enqueue_deduplicated`; None: the key vanished or its holder just
+    finished, start over. ``wake``: a new waiting job notifies its queue's workers."""
+    key_params = [job.backend, job.queue, job.dedup_key]
+    expire_sql, expire_params = _dedup_expiry(d, ttl, now)
+    # The key first, the job second: a duplicate (the common case under contention) then writes
+    # nothing. The foreign key to the job is checked at commit (Django creates it deferred).
+    cursor.execute(
+        f'INSERT INTO {DEDUP_TABLE} (backend, queue, "key", job_id, expire_at) '
+        f"VALUES (%s, %s, %s, {d.cast('%s', 'uuid')}, {expire_sql}) "
+        f'ON CONFLICT (backend, queue, "key") DO NOTHING RETURNING id',
+        [*key_params, d.uuid(job.id), *expire_params],
+    )
+    if cursor.fetchone() is not None:
+        _insert_new(cursor, d, using, job, wake=wake)
+        return DedupOutcome(job, True)
+    # On SQLite the INSERT took the write lock, even though it wrote nothing.
+    held = _lock_dedup_key(cursor, d, job.backend, job.queue, job.dedup_key, now, sqlite_write_locked=True)
+    if held is None:
+        return None  # released between the INSERT and the lock
+    key_id, holder_id, has_expiry, expired = held
+    holder = _read_job(cursor, d, using, "id = %s", [d.uuid(holder_id)])
+    if expired or holder is None or (not has_expiry and holder.state in FINISHED_STATES):
+        # Guarded on the old holder and on the reason (the row is locked, so it holds).
+        now_sql, now_params = d.now(now)
+        reason = f"expire_at <= {now_sql}" if expired else "expire_at IS NULL" if holder is not None else "1 = 1"
+        cursor.execute(
+            f"UPDATE {DEDUP_TABLE} SET job_id = {d.cast('%s', 'uuid')}, expire_at = {expire_sql} "
+            f"WHERE id = %s AND job_id = {d.cast('%s', 'uuid')} AND {reason}",
+            [d.uuid(job.id), *expire_params, key_id, d.uuid(holder_id), *(now_params if expired else [])],
+        )
+        if cursor.rowcount != 1:
+            logger.info("Dedup key %r changed hands while locked; trying again.", job.dedup_key)
+            return None
+        cursor.execute(f"DELETE FROM {DEDUP_NEXT_TABLE} WHERE {_KEY_WHERE}", key_params)
+        _insert_new(cursor, d, using, job, wake=wake)
+        return DedupOutcome(job, True, ("took_over",))
+    changes: list[str] = []
+    state = holder.state
+    if replace and state in _UNSTARTED:
+        if holder.task_path != job.task_path:
+            raise InvalidTaskOptions(
+                f"Dedup key {job.dedup_key!r} of queue {job.queue!r} is held by job {holder.id} of "
+                f"{holder.task_path}; replace=True cannot give it the arguments of {job.task_path}. Use keys that "
+                "name the task too, such as f'{task_name}:{id}'."
+            )
+        # Guarded on the states a holder may be replaced in; the UPDATE locks the row, so a claim
+        # (SKIP LOCKED) cannot start it with the old arguments until this transaction ends.
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET args = {d.cast('%s', 'jsonb')}, kwargs = {d.cast('%s', 'jsonb')}, "
+            f"state = %s, available_at = {d.cast('%s', 'timestamptz')}, seq = %s "
+            f"WHERE id = {d.cast('%s', 'uuid')} AND state IN ('waiting', 'delayed')",
+            [json.dumps(job.args), json.dumps(job.kwargs), job.state, d.dt(job.available_at), job.seq,
+             d.uuid(holder.id)],
+        )  # fmt: skip
+        if cursor.rowcount == 1:
+            changes.append("replaced")
+        else:
+            state = _job_state(cursor, d, holder.id)
+    elif keep_last and state in _UNSTARTED and d.pg:
+        # Keep an unstarted holder unstarted while this transaction decides (a claim skips a
+        # locked row); SQLite's claims wait for the write lock this transaction holds.
+        cursor.execute(
+            f"SELECT id FROM {JOB_TABLE} WHERE id = %s AND state IN ('waiting', 'delayed') FOR UPDATE",
+            [holder.id],
+        )
+        if cursor.fetchone() is None:
+            state = _job_state(cursor, d, holder.id)
+    if state is None or (not has_expiry and state in FINISHED_STATES):
+        return None  # it finished (or went) meanwhile: the key is free to take over
+    if keep_last and state == JobState.ACTIVE:
+        _stash(cursor, d, job, ttl=ttl)
+        # The key holds until the stash is a job, whatever its ttl (the seed's "persisted" key).
+        cursor.execute(f"UPDATE {DEDUP_TABLE} SET expire_at = NULL WHERE id = %s", [key_id])
+        changes.append("stashed")
+    elif extend and has_expiry:
+        cursor.execute(
+            f"UPDATE {DEDUP_TABLE} SET expire_at = {expire_sql} WHERE id = %s AND expire_at IS NOT NULL",
+            [*expire_params, key_id],
+        )
+        changes.append("extended")
+    if changes:
+        holder = _read_job(cursor, d, using, "id = %s", [d.uuid(holder.id)]) or holder
+    return DedupOutcome(holder, False, tuple(changes))
+
+
+def _dedup_expiry(d: Dialect, ttl: float | None, now: datetime | None) -> tuple[str, list[Any]]:
+    """SQL for a key's ``expire_at``: ``ttl`` seconds from now, or NULL."""
+    if ttl is None:
+        return "NULL", []
+    return d.now_plus(now, ttl)
+
+
+def _lock_dedup_key(
+    cursor: Any,
+    d: Dialect,
+    backend: str,
+    queue: str,
+    key: str | None,
+    now: datetime | None,
+    *,
+    sqlite_write_locked: bool = False,
+) -> tuple[int, uuid.UUID, bool, bool] | None:
+    """Lock a dedup key's row; ``(row id, holder id, has an expiry, has expired)``, None when
+    there is no such key. ``sqlite_write_locked``: this transaction already wrote (on SQLite it
+    holds the write lock, so a read is enough and a duplicate's commit writes nothing)."""
+    if d.pg:
+        now_sql, now_params = d.now(now)
+        cursor.execute(
+            f"SELECT id, job_id, expire_at IS NOT NULL, (expire_at IS NOT NULL AND expire_at <= {now_sql}) "
+            f"FROM {DEDUP_TABLE} WHERE {_KEY_WHERE} FOR UPDATE",
+            [*now_params, backend, queue, key],
+        )
+        row = cursor.fetchone()
+        return None if row is None else (row[0], d.to_uuid(row[1]), row[2], row[3])
+    # SQLite has no row locks: a write takes the database's write lock for the transaction. A read
+    # first would not do: a deferred transaction that read cannot always upgrade. The expiry is
+    # compared here, not in RETURNING: SQLite 3.40.1 evaluates "expire_at IS NOT NULL" as true for
+    # a NULL in the RETURNING of an UPDATE or DELETE on a table whose key is declared "integer NOT
+    # NULL PRIMARY KEY", as Django declares it. SQLite's clock is this process's anyway.
+    if sqlite_write_locked:
+        cursor.execute(f"SELECT id, job_id, expire_at FROM {DEDUP_TABLE} WHERE {_KEY_WHERE}", [backend, queue, key])
+    else:
+        cursor.execute(
+            f"UPDATE {DEDUP_TABLE} SET job_id = job_id WHERE {_KEY_WHERE} RETURNING id, job_id, expire_at",
+            [backend, queue, key],
+        )
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    expire_at = d.to_dt(row[2])
+    expired = expire_at is not None and expire_at <= (now or timezone.now())
+    return row[0], d.to_uuid(row[1]), expire_at is not None, expired
+
+
+#: The columns :func:`_read_job` reads: what a result and the dedup decisions need.
+_READ_COLUMNS = (
+    "id, backend, queue, task_path, args, kwargs, state, priority, available_at, seq, options, attempts, "
+    "max_attempts, progress, return_value, errors, worker_ids, enqueued_at, started_at, last_attempted_at, "
+    "finished_at, trace_id, dedup_key, idempotency_key"
+)
+
+
+def _read_job(cursor: Any, d: Dialect, using: str, where: str, params: list[Any]) -> Job | None:
+    """One job row read with raw SQL (the ORM's query compilation cost more than the query on
+    the duplicate path), or None."""
+    cursor.execute(f"SELECT {_READ_COLUMNS} FROM {JOB_TABLE} WHERE {where}", params)
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    (jid, backend, queue, path, args, kwargs, state, priority, available, seq, options, attempts, max_attempts,
+     progress, return_value, errors, worker_ids, enqueued, started, last, finished, trace_id, dedup_key,
+     idempotency_key) = row  # fmt: skip
+    job = Job(
+        id=d.to_uuid(jid),
+        backend=backend,
+        queue=queue,
+        task_path=path,
+        args=d.to_json(args),
+        kwargs=d.to_json(kwargs),
+        state=state,
+        priority=priority,
+        available_at=d.to_dt(available),
+        seq=seq,
+        options=d.to_json(options),
+        attempts=attempts,
+        max_attempts=max_attempts,
+        progress=d.to_json(progress),
+        return_value=d.to_json(return_value),
+        errors=d.to_json(errors),
+        worker_ids=d.to_json(worker_ids),
+        enqueued_at=d.to_dt(enqueued),
+        started_at=d.to_dt(started),
+        last_attempted_at=d.to_dt(last),
+        finished_at=d.to_dt(finished),
+        trace_id=trace_id,
+        dedup_key=dedup_key,
+        idempotency_key=idempotency_key,
+    )
+    _mark_saved(job, using)
+    return job
+
+
+def _job_state(cursor: Any, d: Dialect, job_id: uuid.UUID) -> str | None:
+    cursor.execute(f"SELECT state FROM {JOB_TABLE} WHERE id = {d.cast('%s', 'uuid')}", [d.uuid(job_id)])
+    row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = False) -> None:
+    """Insert ``job``; with ``wake``, its NOTIFY rides on the INSERT as in :func:`insert_job`."""
+    wake = wake and job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(d.connection, job.queue)
+    params = _insert_params(d, job)
+    if wake:
+        from .conf import get_settings
+
+        params.append(get_settings().NOTIFY_CHANNEL)
+    cursor.execute(_insert_sql(d.pg, notify=wake), params)
+    _mark_saved(job, using)
+
+
+def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
+    """Keep ``job`` (unsaved) as its key's next job, replacing an earlier stash."""
+    delayed = job.state == JobState.DELAYED
+    payload = {
+        "task_path": job.task_path,
+        "args": job.args,
+        "kwargs": job.kwargs,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "options": job.options,
+        "run_after": job.available_at.isoformat() if delayed else None,
+        "lifo": job.seq < 0,
+        "trace_id": job.trace_id,
+        "ttl": ttl,
+        "enqueued_at": job.enqueued_at.isoformat(),
+    }
+    cursor.execute(
+        f'INSERT INTO {DEDUP_NEXT_TABLE} (backend, queue, "key", payload, stashed_at) '
+        f"VALUES (%s, %s, %s, {d.cast('%s', 'jsonb')}, {d.cast('%s', 'timestamptz')}) "
+        f'ON CONFLICT (backend, queue, "key") DO UPDATE SET payload = excluded.payload, '
+        f"stashed_at = excluded.stashed_at",
+        [job.backend, job.queue, job.dedup_key, json.dumps(payload), d.dt(job.enqueued_at)],
+    )
+
+
+def insert_job_once(
+    *,
+    using: str,
+    idempotency_key: str,
+    backend: str,
+    task_path: str,
+    queue: str,
+    priority: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    max_attempts: int,
+    options: dict[str, Any],
+    run_after: datetime | None = None,
+    lifo: bool = False,
+    trace_id: str | None = None,
+    now: datetime | None = None,
+) -> tuple[Job, bool]:
+    """Insert a job unless ``queue`` (of ``backend``) has one with ``idempotency_key``; return
+    ``(job, inserted)``: the new job, or the existing one and False.
+
+    One ``INSERT ... ON CONFLICT DO NOTHING`` on the partial unique index, then, on a conflict,
+    a read of the row that won (on PostgreSQL a concurrent insert of the key is waited for). The
+    key holds for as long as the job row exists, whatever its state.
+    """
+    d = Dialect(using)
+    conn = connections[using]
+    for _ in range(_DEDUP_TRIES):
+        job = _new_job(
+            backend=backend,
+            task_path=task_path,
+            queue=queue,
+            priority=priority,
+            args=args,
+            kwargs=kwargs,
+            max_attempts=max_attempts,
+            options=options,
+            run_after=run_after,
+            lifo=lifo,
+            now=now,
+            trace_id=trace_id,
+            idempotency_key=idempotency_key,
+        )
+        # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
+        # queue, and only for a job that was inserted.
+        wake = job.state == JobState.WAITING and d.pg and not conn.in_atomic_block
+        params = _insert_params(d, job)
+        if wake:
+            from .conf import get_settings
+
+            params.append(get_settings().NOTIFY_CHANNEL)
+        with conn.cursor() as cursor:
+            cursor.execute(_insert_sql(d.pg, notify=wake, once=True), params)
+            inserted = cursor.fetchone() is not None
+        if inserted:
+            _mark_saved(job, using)
+            if job.state == JobState.WAITING and not wake:
+                notify(using, [queue])
+            return job, True
+        with conn.cursor() as cursor:
+            where = "backend = %s AND queue = %s AND idempotency_key = %s"
+            found = _read_job(cursor, d, using, where, [backend, queue, idempotency_key])
+        if found is not None:
+            return found, False
+        # The job that had the key was deleted after our INSERT met it: the key is free again.
+    raise JobsError(
+        f"Could not enqueue with idempotency key {idempotency_key!r} (queue {queue!r}) after {_DEDUP_TRIES} "
+        "tries: the job holding it was deleted every time before it could be read. Enqueue again."
+    )
+
+
+def promote_dedup_stashes(*, using: str, limit: int, backend: str | None = None, now: datetime | None = None) -> int:
+    """Turn up to ``limit`` stashed enqueues (``keep_last_if_active``) whose key's holder has
+    finished (or is gone) into jobs (of ``backend``, or all); return how many.
+
+    Each stash, in its own transaction (a savepoint inside the caller's): lock the key row,
+    check again that its holder finished, lock the stash, insert its job, move the key to it
+    (guarded on the old holder; with the stash's ``ttl`` as expiry) and delete the stash. A
+    stash whose key another enqueue took meanwhile stays until that holder finishes.
+    """
+    d = Dialect(using)
+    scope, scope_params = (" AND n.backend = %s", [backend]) if backend is not None else ("", [])
+    finished = ", ".join(f"'{s}'" for s in sorted(FINISHED_STATES))
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f'SELECT n.backend, n.queue, n."key" FROM {DEDUP_NEXT_TABLE} n '
+            f'LEFT JOIN {DEDUP_TABLE} k ON k.backend = n.backend AND k.queue = n.queue AND k."key" = n."key" '
+            f"LEFT JOIN {JOB_TABLE} j ON j.id = k.job_id "
+            f"WHERE (k.id IS NULL OR j.state IN ({finished})){scope} ORDER BY n.id LIMIT %s",
+            [*scope_params, limit],
+        )
+        candidates = cursor.fetchall()
+    woken: set[str] = set()
+    promoted = 0
+    for cand_backend, queue, key in candidates:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            job = _promote_stash(cursor, d, using, cand_backend, queue, key, now)
+        if job is not None:
+            promoted += 1
+            logger.info("Dedup key %r of queue %r: its stashed enqueue is job %s.", key, queue, job.id)
+            if job.state == JobState.WAITING:
+                woken.add(queue)
+    notify(using, sorted(woken))
+    return promoted
+
+
+def _promote_stash(
+    cursor: Any, d: Dialect, using: str, backend: str, queue: str, key: str, now: datetime | None
+) -> Job | None:
+    held = _lock_dedup_key(cursor, d, backend, queue, key, now)
+    if held is not None and _job_state(cursor, d, held[1]) not in (*FINISHED_STATES, None):
+        return None  # its holder runs again (retried): the stash waits for it
+    cursor.execute(
+        f"SELECT id, payload FROM {DEDUP_NEXT_TABLE} WHERE {_KEY_WHERE}{' FOR UPDATE' if d.pg else ''}",
+        [backend, queue, key],
+    )
+    stash = cursor.fetchone()
+    if stash is None:
+        return None  # promoted by another sweeper, or dropped by a takeover
+    p = d.to_json(stash[1])
+    job = _new_job(
+        backend=backend,
+        task_path=p["task_path"],
+        queue=queue,
+        priority=p["priority"],
+        args=p["args"],
+        kwargs=p["kwargs"],
+        max_attempts=p["max_attempts"],
+        options=p["options"],
+        run_after=datetime.fromisoformat(p["run_after"]) if p.get("run_after") else None,
+        lifo=bool(p.get("lifo")),
+        now=now,
+        trace_id=p.get("trace_id"),
+        dedup_key=key,
+        enqueued_at=datetime.fromisoformat(p["enqueued_at"]) if p.get("enqueued_at") else None,
+    )
+    expire_sql, expire_params = _dedup_expiry(d, p.get("ttl"), now)
+    if held is not None:
+        cursor.execute(
+            f"UPDATE {DEDUP_TABLE} SET job_id = {d.cast('%s', 'uuid')}, expire_at = {expire_sql} "
+            f"WHERE id = %s AND job_id = {d.cast('%s', 'uuid')}",
+            [d.uuid(job.id), *expire_params, held[0], d.uuid(held[1])],
+        )
+        if cursor.rowcount != 1:
+            return None
+    else:
+        cursor.execute(
+            f'INSERT INTO {DEDUP_TABLE} (backend, queue, "key", job_id, expire_at) '
+            f"VALUES (%s, %s, %s, {d.cast('%s', 'uuid')}, {expire_sql}) "
+            f'ON CONFLICT (backend, queue, "key") DO NOTHING RETURNING id',
+            [backend, queue, key, d.uuid(job.id), *expire_params],
+        )
+        if cursor.fetchone() is None:
+            return None  # an enqueue took the free key meanwhile: the stash waits for its job
+    _insert_new(cursor, d, using, job)
+    cursor.execute(f"DELETE FROM {DEDUP_NEXT_TABLE} WHERE id = %s", [stash[0]])
+    return job
+
+
+def delete_expired_dedup_keys(
+    *, using: str, limit: int, backend: str | None = None, now: datetime | None = None
+) -> int:
+    """Delete up to ``limit`` dedup keys whose ``expire_at`` passed (of ``backend``, or all);
+    return how many. Enqueues reclaim expired keys too; this keeps the table small."""
+    d = Dialect(using)
+    now_sql, now_params = d.now(now)
+    scope, scope_params = _backend_scope(backend)
+    sql = (
+        f"DELETE FROM {DEDUP_TABLE} WHERE "
+        + d.id_in(
+            f"SELECT id FROM {DEDUP_TABLE} WHERE expire_at <= {now_sql}{scope} "
+            f"ORDER BY expire_at LIMIT %s {d.skip_locked()}"
+        )
+        + f" AND expire_at <= {now_sql}"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*now_params, *scope_params, limit, *now_params])
+        return cursor.rowcount
 
 
 # -- claim ----------------------------------------------------------------------------------
@@ -455,7 +1062,7 @@ def claim_jobs(
 
 def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
     (jid, backend, queue, path, args, kwargs, prio, attempts, max_attempts, options, token,
-     enq, started, last, avail, errors, worker_ids, seq, parent) = row  # fmt: skip
+     enq, started, last, avail, errors, worker_ids, seq, parent, trace_id) = row  # fmt: skip
     return ClaimedJob(
         id=d.to_uuid(jid),
         backend=backend,
@@ -476,6 +1083,7 @@ def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
         worker_ids=d.to_json(worker_ids),
         seq=seq,
         parent_id=d.to_uuid(parent) if parent is not None else None,
+        trace_id=trace_id,
     )
 
 
@@ -534,11 +1142,28 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         f"THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
-        f"RETURNING {t}.id, {t}.queue, {t}.state"
+        f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id"
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*values, *now_params])
-        rows = cursor.fetchall()
+    if any(o.has_parent for o in outcomes):
+        # A child's final state and its parent's progress are one change.
+        with transaction.atomic(using=using):
+            with connections[using].cursor() as cursor:
+                cursor.execute(sql, [*values, *now_params])
+                rows = cursor.fetchall()
+            by_id = {o.job_id: o for o in outcomes}
+            finished = []
+            for r in rows:
+                if r[3] is not None and r[2] in FINISHED_STATES:
+                    o = by_id[d.to_uuid(r[0])]
+                    value = (
+                        o.return_value_json if r[2] == JobState.COMPLETED else (o.error or _cancelled_error(o.job_id))
+                    )
+                    finished.append((o.job_id, r[2], value))
+            settle_dependencies(using=using, finished=finished)
+    else:
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql, [*values, *now_params])
+            rows = cursor.fetchall()
     written = {d.to_uuid(r[0]): r[2] for r in rows}
     for o in outcomes:
         if o.job_id not in written:
@@ -581,13 +1206,23 @@ def release_jobs(
         f"worker_ids = CASE WHEN cancel_requested_at IS NULL THEN {d.json_pop('worker_ids')} ELSE worker_ids END, "
         f"started_at = CASE WHEN attempts <= 1 AND cancel_requested_at IS NULL THEN NULL ELSE started_at END, "
         f"lease_token = NULL, lease_expires_at = NULL "
-        f"WHERE {' AND '.join(where)} RETURNING queue, state"
+        f"WHERE {' AND '.join(where)} RETURNING queue, state, id, parent_id"
     )
-    with connections[using].cursor() as cursor:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql, [*now_params, *params])
-        rows = [r for r in cursor.fetchall() if r[1] == JobState.WAITING]
+        returned = cursor.fetchall()
+        ended = [d.to_uuid(r[2]) for r in returned if r[1] == JobState.CANCELLED and r[3] is not None]
+        settle_dependencies(using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in ended])
+    rows = [r for r in returned if r[1] == JobState.WAITING]
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
+
+
+def _cancelled_error(job_id: uuid.UUID) -> dict[str, str]:
+    return {
+        "exception_class_path": "django_jobs.exceptions.JobCancelled",
+        "traceback": f"django_jobs.exceptions.JobCancelled: job {job_id} was cancelled.\n",
+    }
 
 
 class CancelResult(NamedTuple):
@@ -611,29 +1246,26 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
     now = now or timezone.now()
     jobs = Job.objects.using(using).filter(id=job_id)
     change = None
-    # Two guarded writes; a worker may move the job between them (a release or rescue puts an
-    # active job back to waiting, a claim makes a waiting one active), so try the pair again.
-    for _ in range(3):
-        if jobs.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).update(
-            state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now
-        ):
-            change = "cancelled"
-            break
-        if jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now):
-            change = "flagged"
-            break
-        state = jobs.values_list("state", flat=True).first()
-        if state is None or state in FINISHED_STATES or state == JobState.ACTIVE:
-            break  # unknown, finished, or already flagged: nothing to do
-    if change == "flagged":
-        # Tell the job's worker now (it also polls). The payload cannot be a queue name: those
-        # start with a letter or digit.
-        conn = connections[using]
-        if conn.vendor == "postgresql":
-            from .conf import get_settings
-
-            with conn.cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [get_settings().NOTIFY_CHANNEL, f"{CANCEL_PREFIX}{job_id}"])
+    with transaction.atomic(using=using):
+        # Two guarded writes; a worker may move the job between them (a release or rescue puts
+        # an active job back to waiting, a claim makes a waiting one active), so try again.
+        for _ in range(3):
+            if jobs.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).update(
+                state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now
+            ):
+                change = "cancelled"
+                break
+            if jobs.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).update(cancel_requested_at=now):
+                change = "flagged"
+                _notify_cancel(using, [job_id])  # its worker hears now; it also polls
+                break
+            state = jobs.values_list("state", flat=True).first()
+            if state is None or state in FINISHED_STATES or state == JobState.ACTIVE:
+                break  # unknown, finished, or already flagged: nothing to do
+        if change is not None:
+            cancel_descendants(using=using, parent_ids=[job_id], now=now)  # a flow's unfinished children
+        if change == "cancelled":
+            settle_dependencies(using=using, finished=[(job_id, JobState.CANCELLED, _cancelled_error(job_id))], now=now)
     row = jobs.values_list("state", "queue").first()
     return None if row is None else CancelResult(row[0], change, row[1])
 
@@ -752,6 +1384,233 @@ def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datet
         return cursor.rowcount
 
 
+# -- flows ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FlowJob:
+    """One job of a flow, validated by the caller; :func:`insert_flow` stores a list of them."""
+
+    id: uuid.UUID
+    backend: str
+    queue: str
+    task_path: str
+    priority: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    max_attempts: int
+    options: dict[str, Any]
+    run_after: datetime | None
+    lifo: bool
+    #: Its parent in the flow (None for the root), and what its failure does to that parent.
+    parent_id: uuid.UUID | None
+    failure_policy: str
+    #: How many children it waits for (0: a leaf, ready at once).
+    children: int
+    trace_id: str | None = None
+
+
+class FlowParentNotWaiting(Exception):  # noqa: N818 - translated to InvalidFlow by the caller
+    def __init__(self, state: str | None):
+        self.state = state
+
+
+def insert_flow(
+    *, using: str, jobs: list[FlowJob], attach_to: uuid.UUID | None = None, now: datetime | None = None
+) -> list[Job]:
+    """Insert a flow's jobs (parents listed before their children) in the caller's transaction.
+
+    A job with children starts ``waiting-children`` with ``pending_children`` set; a leaf is
+    waiting (or delayed until its ``run_after``). One ``JobDependency`` row per edge. With
+    ``attach_to``, the first job (the flow's root) becomes one more child of that existing job,
+    which must still be waiting for its children: the guarded increment of its
+    ``pending_children`` locks its row, so a last child finishing at the same moment either
+    released it first (and this raises FlowParentNotWaiting) or waits for this transaction.
+    """
+    from .models import JobDependency
+
+    now = now or timezone.now()
+    with transaction.atomic(using=using):
+        if attach_to is not None:
+            attached = (
+                Job.objects.using(using)
+                .filter(id=attach_to, state=JobState.WAITING_CHILDREN)
+                .update(pending_children=F("pending_children") + 1)
+            )
+            if not attached:
+                raise FlowParentNotWaiting(
+                    Job.objects.using(using).filter(id=attach_to).values_list("state", flat=True).first()
+                )
+            jobs[0].parent_id = attach_to
+        rows = []
+        for fj in jobs:
+            delayed = fj.run_after is not None and fj.run_after > now
+            state = JobState.WAITING_CHILDREN if fj.children else JobState.DELAYED if delayed else JobState.WAITING
+            available_at = fj.run_after if delayed else now
+            rows.append(
+                Job(
+                    id=fj.id,
+                    backend=fj.backend,
+                    queue=fj.queue,
+                    task_path=fj.task_path,
+                    priority=fj.priority,
+                    args=fj.args,
+                    kwargs=fj.kwargs,
+                    max_attempts=fj.max_attempts,
+                    options=fj.options,
+                    state=state,
+                    available_at=available_at,
+                    enqueued_at=now,
+                    seq=ready_seq(available_at, fj.lifo),
+                    parent_id=fj.parent_id,
+                    pending_children=fj.children,
+                    trace_id=fj.trace_id,
+                )
+            )
+        Job.objects.using(using).bulk_create(rows)
+        edges = [
+            JobDependency(
+                parent_id=fj.parent_id, child_id=fj.id, child_queue=fj.queue, failure_policy=fj.failure_policy
+            )
+            for fj in jobs
+            if fj.parent_id is not None
+        ]
+        JobDependency.objects.using(using).bulk_create(edges)
+    notify(using, sorted({j.queue for j in rows if j.state == JobState.WAITING}))
+    return rows
+
+
+def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]], now: datetime | None = None) -> None:
+    """Children of flows reached a final state: record it on their dependency rows and move
+    their parents on. Call inside the transaction that wrote the final states.
+
+    ``finished``: ``(child id, state, value)`` with state ``completed`` (value: its return value
+    as JSON text) or ``failed``/``cancelled`` (value: the error dict). Each edge is updated once,
+    guarded on ``pending``; the parent's row is updated in one statement under its row lock, so
+    the last two children finishing at once release it exactly once. A parent failed by its
+    child (policy ``fail``) settles its own parent in turn.
+    """
+    d = Dialect(using)
+    now = now or timezone.now()
+    dep_table = JobDependency._meta.db_table
+    seq_now = ready_seq(now)
+    released: set[str] = set()
+    work = list(finished)
+    with connections[using].cursor() as cursor:
+        while work:
+            child_id, state, value = work.pop()
+            ok = state == JobState.COMPLETED
+            value_json = value if ok else json.dumps(value)
+            cursor.execute(
+                f"UPDATE {dep_table} SET status = CASE WHEN %s = 1 THEN 'processed' "
+                f"WHEN failure_policy = 'ignore' THEN 'ignored' WHEN failure_policy = 'remove' THEN 'removed' "
+                f"ELSE 'failed' END, value = {d.cast('%s', 'jsonb')}, finished_at = %s "
+                f"WHERE child_id = %s AND status = 'pending' RETURNING parent_id, failure_policy, status",
+                [1 if ok else 0, value_json, d.dt(now), d.uuid(child_id)],
+            )
+            edge = cursor.fetchone()
+            if edge is None:
+                continue  # not a flow child, or settled already
+            parent_id, policy, status = d.to_uuid(edge[0]), edge[1], edge[2]
+            decrement = "pending_children = CASE WHEN pending_children > 0 THEN pending_children - 1 ELSE 0 END"
+            if status == "failed" and policy == "fail":
+                error = {
+                    "exception_class_path": "django_jobs.exceptions.ChildFailed",
+                    "traceback": f"django_jobs.exceptions.ChildFailed: child job {child_id} ended {state}; "
+                    f"the parent fails with it (failure_policy='fail').\n\n"
+                    f"The child's error:\n{(value or {}).get('traceback', '')}",
+                    "child_id": str(child_id),
+                    "at": now.isoformat(),
+                }
+                cursor.execute(
+                    f"UPDATE {JOB_TABLE} SET {decrement}, state = 'failed', finished_at = %s, "
+                    f"errors = {d.json_append('errors', d.cast('%s', 'jsonb'))} "
+                    f"WHERE id = %s AND state = 'waiting-children' RETURNING id",
+                    [d.dt(now), json.dumps(error), d.uuid(parent_id)],
+                )
+                if cursor.fetchone() is not None:
+                    work.append((parent_id, JobState.FAILED, error))
+                else:
+                    cursor.execute(f"UPDATE {JOB_TABLE} SET {decrement} WHERE id = %s", [d.uuid(parent_id)])
+                continue
+            # Released when the last child is done, or at once by a failure under "continue".
+            release = "(state = 'waiting-children' AND (pending_children <= 1 OR %s = 1))"
+            early = 1 if status == "failed" and policy == "continue" else 0
+            cursor.execute(
+                f"UPDATE {JOB_TABLE} SET "
+                f"available_at = CASE WHEN {release} THEN %s ELSE available_at END, "
+                f"seq = CASE WHEN {release} THEN (CASE WHEN seq < 0 THEN %s ELSE %s END) ELSE seq END, "
+                f"state = CASE WHEN {release} THEN 'waiting' ELSE state END, "
+                f"{decrement} WHERE id = %s RETURNING state, queue, pending_children",
+                [early, d.dt(now), early, -seq_now, seq_now, early, d.uuid(parent_id)],
+            )
+            row = cursor.fetchone()
+            if row is not None and row[0] == JobState.WAITING:
+                released.add(row[1])
+    if released:
+        notify(using, sorted(released))
+
+
+def children_values(*, using: str, parent_id: uuid.UUID) -> dict[str, dict[str, Any]]:
+    """``{"results": {child id: return value}, "failures": {child id: error}}`` of a parent's
+    finished children (failures: those ignored or, under ``continue``, failed; a ``remove``d
+    dependency is not reported)."""
+    from .models import DependencyStatus
+
+    out: dict[str, dict[str, Any]] = {"results": {}, "failures": {}}
+    rows = (
+        JobDependency.objects.using(using)
+        .filter(parent_id=parent_id)
+        .exclude(status__in=[DependencyStatus.PENDING, DependencyStatus.REMOVED])
+    )
+    for child_id, status, value in rows.order_by("finished_at", "id").values_list("child_id", "status", "value"):
+        key = "results" if status == DependencyStatus.PROCESSED else "failures"
+        out[key][str(child_id)] = value
+    return out
+
+
+def cancel_descendants(*, using: str, parent_ids: list[uuid.UUID], now: datetime | None = None) -> int:
+    """Cancel the unfinished children of cancelled parents, all the way down: waiting, delayed
+    and waiting-children ones at once, running ones flagged (their workers are told)."""
+    now = now or timezone.now()
+    total = 0
+    frontier = list(parent_ids)
+    while frontier:
+        children = Job.objects.using(using).filter(parent_id__in=frontier)
+        cancelled = list(
+            children.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).values_list(
+                "id", flat=True
+            )
+        )
+        if cancelled:
+            total += (
+                Job.objects.using(using)
+                .filter(id__in=cancelled, state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN])
+                .update(state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now)
+            )
+        running = list(
+            children.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).values_list("id", flat=True)
+        )
+        if running:
+            Job.objects.using(using).filter(id__in=running, state=JobState.ACTIVE).update(cancel_requested_at=now)
+            _notify_cancel(using, running)
+        frontier = cancelled
+    return total
+
+
+def _notify_cancel(using: str, job_ids: list[uuid.UUID]) -> None:
+    """Tell the workers running these jobs that they were cancelled (PostgreSQL; others poll)."""
+    conn = connections[using]
+    if conn.vendor != "postgresql" or not job_ids:
+        return
+    from .conf import get_settings
+
+    channel = get_settings().NOTIFY_CHANNEL
+    with conn.cursor() as cursor:
+        for job_id in job_ids:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, f"{CANCEL_PREFIX}{job_id}"])
+
+
 # -- services -------------------------------------------------------------------------------
 
 
@@ -848,12 +1707,22 @@ def rescue_stalled_jobs(
             f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql}{scope} "
             f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}"
         )
-        + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, backend, state"
+        + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, backend, state, parent_id"
     )
     params = [json.dumps(error), *now_params, *now_params, *scope_params, limit, *now_params]
-    with connections[using].cursor() as cursor:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql, params)
-        rows = [RescuedJob(d.to_uuid(r[0]), r[1], r[2], r[3]) for r in cursor.fetchall()]
+        returned = cursor.fetchall()
+        rows = [RescuedJob(d.to_uuid(r[0]), r[1], r[2], r[3]) for r in returned]
+        # Children of flows that ended here move their parents on, in the same transaction.
+        settle_dependencies(
+            using=using,
+            finished=[
+                (d.to_uuid(r[0]), r[3], error if r[3] == JobState.FAILED else _cancelled_error(d.to_uuid(r[0])))
+                for r in returned
+                if r[4] is not None and r[3] in FINISHED_STATES
+            ],
+        )
     for r in rows:
         logger.warning("Rescued stalled job %s (lease expired): now %s.", r.id, r.state)
     notify(using, sorted({r.queue for r in rows if r.state == JobState.WAITING}))

@@ -63,6 +63,14 @@ class ChildProcessDied(JobsError):
     """The child process running the job (``--isolation process``) died before it answered."""
 
 
+class InvalidFlow(JobsError, ValueError):
+    """The flow cannot be enqueued as given; nothing was inserted."""
+
+
+class ChildFailed(JobsError):
+    """A child of this flow job failed, and its failure_policy "fail" failed the parent too."""
+
+
 class DatabaseUnavailable(JobsError):
     """The database could not be reached."""
 

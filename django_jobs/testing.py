@@ -32,7 +32,7 @@ from . import engine
 from .backend import JobResult
 from .models import Job
 from .states import JobState
-from .worker.executor import Attempt, Executor, job_timeout
+from .worker.executor import Attempt, Executor, job_timeout, outcome_for
 
 __all__ = ["DrainResult", "assert_enqueued", "drain_queue", "enqueued_jobs", "perform_job", "refute_enqueued"]
 
@@ -182,7 +182,7 @@ def perform_job(task: Task, *args: Any, **kwargs: Any) -> JobResult:
     result = task.enqueue(*args, **kwargs)
     job_id = uuid.UUID(result.id)
     engine.make_due(using=backend.database, job_ids=[job_id])  # run_after is not waited for
-    [job] = engine.claim_jobs(
+    claimed = engine.claim_jobs(
         using=backend.database,
         queues=None,
         limit=1,
@@ -191,7 +191,13 @@ def perform_job(task: Task, *args: Any, **kwargs: Any) -> JobResult:
         backend=backend.alias,
         job_ids=[job_id],
     )
-    _run(job, backend.database, DrainResult())
+    if not claimed:  # only a deduplicated enqueue returns a job that is not ours to start
+        state = Job.objects.using(backend.database).values_list("state", flat=True).get(id=job_id)
+        raise RuntimeError(
+            f"perform_job() ran nothing: the enqueue was a duplicate of job {job_id}, which is {state}, not "
+            "waiting. Use a dedup or idempotency key that is free, or drain_queue() to run what is enqueued."
+        )
+    _run(claimed[0], backend.database, DrainResult())
     return backend.get_result(result.id)
 
 
@@ -206,8 +212,10 @@ def drain_queue(
     """Run every ready job of ``queue`` (all queues when None) in this thread until none is left.
 
     ``with_retries``: a retry waiting for its backoff runs at once instead. ``with_scheduled``:
-    jobs delayed by ``run_after`` (and snoozed ones) run too. Raises RuntimeError when jobs are
-    still ready after ``max_rounds`` rounds (a job that keeps retrying or snoozing).
+    jobs delayed by ``run_after`` (and snoozed ones) run too. Each round first makes the stashed
+    enqueue of a ``keep_last_if_active`` dedup key a job once its holder finished, as the worker's
+    dedup sweeper would. Raises RuntimeError when jobs are still ready after ``max_rounds``
+    rounds (a job that keeps retrying or snoozing).
     """
     if not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an integer >= 1; got {max_rounds!r}.")
@@ -215,6 +223,7 @@ def drain_queue(
     using = jobs_backend.database
     counts = DrainResult()
     for _ in range(max_rounds):
+        engine.promote_dedup_stashes(using=using, limit=1000, backend=backend)
         _make_due(
             using, backend, queue, with_retries=with_retries, with_scheduled=with_scheduled, snoozed=counts._snoozed
         )
@@ -261,7 +270,7 @@ def _make_due(
 def _run(job: engine.ClaimedJob, using: str, counts: DrainResult) -> None:
     outcome = _executor().execute(job, Attempt(job, timeout=job_timeout(job)))
     if outcome is None:  # cannot happen without a watchdog; keep the job from staying active
-        outcome = engine.Outcome(job_id=job.id, lease_token=job.lease_token, state=JobState.FAILED)
+        outcome = outcome_for(job, state=JobState.FAILED)
     written = engine.record_outcomes([outcome], using=using)
     state = written.get(job.id)
     if state == JobState.COMPLETED:

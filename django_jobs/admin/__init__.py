@@ -3,7 +3,7 @@ the admin issue."""
 
 from django.contrib import admin
 
-from ..models import Job, JobLog, QueueState, Worker
+from ..models import Job, JobDependency, JobLog, QueueState, Worker
 
 
 class JobLogInline(admin.TabularInline):
@@ -18,9 +18,25 @@ class JobLogInline(admin.TabularInline):
         return False
 
 
+class DependencyInline(admin.TabularInline):
+    """A flow parent's children: each edge's status and the child's value."""
+
+    model = JobDependency
+    fk_name = "parent"
+    fields = ("child_id", "child_queue", "failure_policy", "status", "finished_at", "value")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    verbose_name = "child"
+    verbose_name_plural = "children (flow)"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    inlines = [JobLogInline]
+    inlines = [DependencyInline, JobLogInline]
     list_display = (
         "id",
         "task_path",

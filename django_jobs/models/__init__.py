@@ -1,8 +1,21 @@
 """django-jobs models: the job table and the rows that describe workers and queues."""
 
+from .dedup import JobDedup, JobDedupNext
+from .dependency import DependencyStatus, FailurePolicy, JobDependency
 from .job import Job, JobQuerySet
 from .log import JobLog
 from .queue import QueueState
 from .worker import Worker
 
-__all__ = ["Job", "JobLog", "JobQuerySet", "QueueState", "Worker"]
+__all__ = [
+    "DependencyStatus",
+    "FailurePolicy",
+    "Job",
+    "JobDedup",
+    "JobDedupNext",
+    "JobDependency",
+    "JobLog",
+    "JobQuerySet",
+    "QueueState",
+    "Worker",
+]

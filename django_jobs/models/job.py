@@ -122,6 +122,8 @@ class Job(models.Model):
                 name="django_jobs_finished_idx",
                 condition=Q(state__in=["completed", "failed", "cancelled"]),
             ),
+            # The jobs of one pipeline (django_jobs.trace()).
+            models.Index(fields=["trace_id"], name="django_jobs_trace_idx"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -129,6 +131,13 @@ class Job(models.Model):
             ),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="django_jobs_max_attempts_min"),
             models.CheckConstraint(condition=Q(state__in=[s.value for s in JobState]), name="django_jobs_state_valid"),
+            # A queue's jobs are unique by idempotency key for as long as the row exists; the engine
+            # inserts with ON CONFLICT on exactly this index (its WHERE included).
+            models.UniqueConstraint(
+                fields=["backend", "queue", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="django_jobs_idempotency_key",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,7 +1,8 @@
 """Background services: one shape (``run_once()`` plus a jittered schedule, leader-aware)."""
 
 from .base import Service
+from .dedup import DedupSweeper
 from .promoter import Promoter
 from .rescuer import Reaper, Rescuer
 
-__all__ = ["Promoter", "Reaper", "Rescuer", "Service"]
+__all__ = ["DedupSweeper", "Promoter", "Reaper", "Rescuer", "Service"]

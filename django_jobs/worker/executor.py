@@ -42,6 +42,7 @@ from ..exceptions import (
     TaskNotFound,
 )
 from ..states import JobState
+from ..tracing import running as running_trace
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -207,7 +208,7 @@ class Executor:
             logger.error("Job %s failed: %s", job.id, exc)
             if not attempt.settle():
                 return None
-            return _outcome(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
+            return outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
         backend_cls = backend_class(job.backend)
         result = self._result(job, task, TaskResultStatus.RUNNING, job.errors)
         _send(task_started, backend_cls, result)
@@ -222,7 +223,9 @@ class Executor:
                 database=get_settings(job.backend).DATABASE,
                 attempt_state=attempt,
             )
-            value = self.chain_for(job.backend)(context)
+            # Jobs the task enqueues inherit its trace id (middleware sees it too).
+            with running_trace(job.trace_id):
+                value = self.chain_for(job.backend)(context)
             try:
                 check_json(value, "the return value")
                 value_json = json.dumps(value, allow_nan=False)
@@ -244,7 +247,7 @@ class Executor:
         object.__setattr__(done, "finished_at", timezone.now())
         object.__setattr__(done, "_return_value", value)
         _send(task_finished, backend_cls, done)
-        return _outcome(job, state=JobState.COMPLETED, return_value_json=value_json)
+        return outcome_for(job, state=JobState.COMPLETED, return_value_json=value_json)
 
     def give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         """Record ``attempt`` as failed with ``exc`` (a timeout, or a cancel or death in a child
@@ -303,7 +306,13 @@ class Executor:
 
     def _failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """Classify an attempt that raised: Snooze, Fail, Retry, or any other error."""
-        ids = {"job_id": job.id, "lease_token": job.lease_token, "queue": job.queue, "attempt": job.attempts}
+        ids = {
+            "job_id": job.id,
+            "lease_token": job.lease_token,
+            "queue": job.queue,
+            "attempt": job.attempts,
+            "has_parent": job.parent_id is not None,
+        }
         if isinstance(exc, Snooze):
             # Not a failed attempt: the attempt (and its worker id) are taken back.
             logger.info("Job %s snoozed for %.2fs", job.id, exc.seconds)
@@ -361,8 +370,16 @@ def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
             logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response)
 
 
-def _outcome(job: ClaimedJob, **fields: Any) -> Outcome:
-    return Outcome(job_id=job.id, lease_token=job.lease_token, queue=job.queue, attempt=job.attempts, **fields)
+def outcome_for(job: ClaimedJob, **fields: Any) -> Outcome:
+    """An Outcome of ``job``'s current attempt (the fields every outcome carries, plus ``fields``)."""
+    return Outcome(
+        job_id=job.id,
+        lease_token=job.lease_token,
+        queue=job.queue,
+        attempt=job.attempts,
+        has_parent=job.parent_id is not None,
+        **fields,
+    )
 
 
 def _late(job: ClaimedJob, what: str) -> None:

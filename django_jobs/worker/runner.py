@@ -9,7 +9,7 @@ Threads of one worker process:
   event loop thread while the executor thread holds their slot);
 * the **completer** writes outcomes in batches, guarded on each job's lease;
 * the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
-  the services (promoter, rescuer, reaper);
+  the services (promoter, rescuer, reaper, dedup sweeper);
 * the **watchdog** gives up attempts that run past their timeout: it records them as failed,
   frees their slot and starts a new executor thread (a Python thread cannot be killed; the old
   one runs on and its late outcome is discarded);
@@ -43,11 +43,11 @@ from ..conf import get_settings
 from ..db import is_transient
 from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
 from ..models import Job
-from ..services import Promoter, Reaper, Rescuer
+from ..services import DedupSweeper, Promoter, Reaper, Rescuer
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Attempt, Executor, error_record, event_loop_thread, job_timeout
+from .executor import Attempt, Executor, error_record, event_loop_thread, job_timeout, outcome_for
 from .isolation import ChildProcess
 from .listener import CHANNEL_RE, Listener
 
@@ -412,14 +412,7 @@ class Worker:
                     logger.exception("Running job %s failed inside django-jobs; failing the job.", job.id)
                     outcome = None
                     if attempt.settle():
-                        outcome = engine.Outcome(
-                            job_id=job.id,
-                            lease_token=job.lease_token,
-                            state=JobState.FAILED,
-                            error=error_record(exc, job.attempts),
-                            queue=job.queue,
-                            attempt=job.attempts,
-                        )
+                        outcome = outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
                 finally:
                     close_old_connections()
                     with self._attempts_lock:
@@ -624,6 +617,7 @@ class Worker:
             Promoter(**common, interval=s.PROMOTE_INTERVAL),
             Rescuer(**common, interval=s.RESCUE_INTERVAL),
             Reaper(**common, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS)),
+            DedupSweeper(**common, interval=s.PROMOTE_INTERVAL),
         ]
         is_leader = False
         next_leader_check = 0.0
