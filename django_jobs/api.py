@@ -40,9 +40,16 @@ def cancel(result_id: Any, *, backend: str = "default") -> TaskResult:
     done = engine.cancel_job(using=db, job_id=job_id)
     if done is None:
         raise TaskResultDoesNotExist(f"No job with id {result_id!r}.")
-    if done.change == "cancelled":  # a running job's signal is sent when its attempt ends
-        payload = {"job_id": str(job_id), "queue": done.queue, "was_running": False}
-        transaction.on_commit(lambda: send_job_signal(job_cancelled, backend, **payload), using=db, robust=True)
+    # A running job's signal is sent when its attempt ends; these were cancelled at once.
+    at_once = [(job_id, done.queue)] if done.change == "cancelled" else []
+    at_once += list(done.descendants)
+    if at_once:
+
+        def send() -> None:
+            for cancelled_id, queue in at_once:
+                send_job_signal(job_cancelled, backend, job_id=str(cancelled_id), queue=queue, was_running=False)
+
+        transaction.on_commit(send, using=db, robust=True)
     return jobs_backend.get_result(result_id)
 
 
@@ -56,5 +63,13 @@ def retry(result_id: Any, *, backend: str = "default") -> TaskResult:
     job_id = _job_id(result_id)
     if not engine.retry_job(using=jobs_backend.database, job_id=job_id):
         result = jobs_backend.get_result(result_id)  # raises TaskResultDoesNotExist when unknown
+        from .models import JobDependency
+
+        pending = JobDependency.objects.using(jobs_backend.database).filter(parent_id=job_id, status="pending").count()
+        if pending:
+            raise JobNotRetryable(
+                f"Job {result_id} still has {pending} unfinished flow child(ren); it would run without them. Let "
+                "them finish (or retry them) first."
+            )
         raise JobNotRetryable(f"Job {result_id} is {result.status}; only failed or cancelled jobs can be retried.")
     return jobs_backend.get_result(result_id)

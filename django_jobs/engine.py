@@ -17,16 +17,19 @@ Rules every function follows:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import random
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -973,8 +976,9 @@ def _promote_stash(
 def delete_expired_dedup_keys(
     *, using: str, limit: int, backend: str | None = None, now: datetime | None = None
 ) -> int:
-    """Delete up to ``limit`` dedup keys whose ``expire_at`` passed (of ``backend``, or all);
-    return how many. Enqueues reclaim expired keys too; this keeps the table small."""
+    """Delete up to ``limit`` dedup keys whose ``expire_at`` passed, and up to ``limit`` keys
+    without expiry whose holder finished (of ``backend``, or all); return how many. Enqueues
+    reclaim such keys too; this keeps the table small."""
     d = Dialect(using)
     now_sql, now_params = d.now(now)
     scope, scope_params = _backend_scope(backend)
@@ -986,9 +990,28 @@ def delete_expired_dedup_keys(
         )
         + f" AND expire_at <= {now_sql}"
     )
+    # Keys without an expiry (simple, keep-last-if-active) whose holder finished and that hold no
+    # stash: free already, deleted so the table does not grow by one row per key ever used. The
+    # DELETE re-checks the holder, so a key an enqueue took over meanwhile is kept.
+    finished = "('completed', 'failed', 'cancelled')"
+    held_by_finished = f"job_id IN (SELECT id FROM {JOB_TABLE} WHERE state IN {finished})"
+    no_stash = (
+        f"NOT EXISTS (SELECT 1 FROM {DEDUP_NEXT_TABLE} n WHERE n.backend = {DEDUP_TABLE}.backend "
+        f"AND n.queue = {DEDUP_TABLE}.queue AND n.key = {DEDUP_TABLE}.key)"
+    )
+    stale_sql = (
+        f"DELETE FROM {DEDUP_TABLE} WHERE "
+        + d.id_in(
+            f"SELECT id FROM {DEDUP_TABLE} WHERE expire_at IS NULL AND {held_by_finished} AND {no_stash}{scope} "
+            f"LIMIT %s {d.skip_locked()}"
+        )
+        + f" AND expire_at IS NULL AND {held_by_finished} AND {no_stash}"
+    )
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [*now_params, *scope_params, limit, *now_params])
-        return cursor.rowcount
+        deleted = cursor.rowcount
+        cursor.execute(stale_sql, [*scope_params, limit])
+        return deleted + cursor.rowcount
 
 
 # -- claim ----------------------------------------------------------------------------------
@@ -1144,26 +1167,34 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
         f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id"
     )
-    if any(o.has_parent for o in outcomes):
-        # A child's final state and its parent's progress are one change.
-        with transaction.atomic(using=using):
-            with connections[using].cursor() as cursor:
-                cursor.execute(sql, [*values, *now_params])
-                rows = cursor.fetchall()
-            by_id = {o.job_id: o for o in outcomes}
-            finished = []
-            for r in rows:
-                if r[3] is not None and r[2] in FINISHED_STATES:
-                    o = by_id[d.to_uuid(r[0])]
-                    value = (
-                        o.return_value_json if r[2] == JobState.COMPLETED else (o.error or _cancelled_error(o.job_id))
-                    )
-                    finished.append((o.job_id, r[2], value))
-            settle_dependencies(using=using, finished=finished)
-    else:
+    by_id = {o.job_id: o for o in outcomes}
+
+    def children_that_ended(rows: list[tuple[Any, ...]]) -> list[tuple[uuid.UUID, str, Any]]:
+        out = []
+        for r in rows:
+            if r[3] is not None and r[2] in FINISHED_STATES:
+                o = by_id[d.to_uuid(r[0])]
+                value = o.return_value_json if r[2] == JobState.COMPLETED else (o.error or _cancelled_error(o.job_id))
+                out.append((o.job_id, r[2], value))
+        return out
+
+    # A child's final state and its parent's progress are one change: one transaction when the
+    # batch has flow children (Outcome.has_parent); plain autocommit otherwise (the hot path).
+    flows = any(o.has_parent for o in outcomes)
+    with transaction.atomic(using=using) if flows else contextlib.nullcontext():
         with connections[using].cursor() as cursor:
             cursor.execute(sql, [*values, *now_params])
             rows = cursor.fetchall()
+        ended = children_that_ended(rows)
+        if flows:
+            settle_dependencies(using=using, finished=ended, now=now)
+    if ended and not flows:
+        # An outcome built without has_parent: still move the parents on, at once.
+        logger.warning(
+            "Outcomes of flow children %s came without has_parent; settling them now.", [e[0] for e in ended]
+        )
+        with transaction.atomic(using=using):
+            settle_dependencies(using=using, finished=ended, now=now)
     written = {d.to_uuid(r[0]): r[2] for r in rows}
     for o in outcomes:
         if o.job_id not in written:
@@ -1212,7 +1243,9 @@ def release_jobs(
         cursor.execute(sql, [*now_params, *params])
         returned = cursor.fetchall()
         ended = [d.to_uuid(r[2]) for r in returned if r[1] == JobState.CANCELLED and r[3] is not None]
-        settle_dependencies(using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in ended])
+        settle_dependencies(
+            using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in ended], now=now
+        )
     rows = [r for r in returned if r[1] == JobState.WAITING]
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
@@ -1232,6 +1265,8 @@ class CancelResult(NamedTuple):
     #: ``None`` (nothing: already finished, or already flagged).
     change: str | None
     queue: str
+    #: ``(id, queue)`` of the flow children cancelled with it (at once; running ones are flagged).
+    descendants: tuple[tuple[uuid.UUID, str], ...] = ()
 
 
 def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> CancelResult | None:
@@ -1243,9 +1278,27 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
     Both writes are guarded on the state, so a worker finishing at the same moment wins or loses
     cleanly: exactly one outcome is recorded.
     """
+    from .db import is_transient
+
+    # A cancel that cascades through a flow locks the parent, then its children; a worker
+    # finishing a child locks them the other way round. PostgreSQL breaks such a deadlock by
+    # failing one side: retry ours, unless it runs in the caller's transaction (then it is theirs).
+    tries = 1 if connections[using].in_atomic_block else 4
+    for attempt in range(tries):
+        try:
+            return _cancel_job(using=using, job_id=job_id, now=now)
+        except OperationalError as exc:
+            if attempt == tries - 1 or not is_transient(exc):
+                raise
+            time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None) -> CancelResult | None:
     now = now or timezone.now()
     jobs = Job.objects.using(using).filter(id=job_id)
     change = None
+    descendants: list[tuple[uuid.UUID, str]] = []
     with transaction.atomic(using=using):
         # Two guarded writes; a worker may move the job between them (a release or rescue puts
         # an active job back to waiting, a claim makes a waiting one active), so try again.
@@ -1263,11 +1316,11 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
             if state is None or state in FINISHED_STATES or state == JobState.ACTIVE:
                 break  # unknown, finished, or already flagged: nothing to do
         if change is not None:
-            cancel_descendants(using=using, parent_ids=[job_id], now=now)  # a flow's unfinished children
+            descendants = cancel_descendants(using=using, parent_ids=[job_id], now=now)  # a flow's children
         if change == "cancelled":
             settle_dependencies(using=using, finished=[(job_id, JobState.CANCELLED, _cancelled_error(job_id))], now=now)
     row = jobs.values_list("state", "queue").first()
-    return None if row is None else CancelResult(row[0], change, row[1])
+    return None if row is None else CancelResult(row[0], change, row[1], tuple(descendants))
 
 
 #: NOTIFY payload prefix of "this running job was cancelled" (followed by the job id).
@@ -1295,6 +1348,8 @@ def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> 
     return bool(
         Job.objects.using(using)
         .filter(id=job_id, state__in=[JobState.FAILED, JobState.CANCELLED])
+        # A flow parent with unfinished children would run without them: refused.
+        .exclude(dependencies__status="pending")
         .update(
             state=JobState.WAITING,
             available_at=now,
@@ -1411,12 +1466,18 @@ class FlowJob:
 
 
 class FlowParentNotWaiting(Exception):  # noqa: N818 - translated to InvalidFlow by the caller
-    def __init__(self, state: str | None):
+    def __init__(self, state: str | None, backend: str | None = None):
         self.state = state
+        self.backend = backend
 
 
 def insert_flow(
-    *, using: str, jobs: list[FlowJob], attach_to: uuid.UUID | None = None, now: datetime | None = None
+    *,
+    using: str,
+    jobs: list[FlowJob],
+    attach_to: uuid.UUID | None = None,
+    backend: str | None = None,
+    now: datetime | None = None,
 ) -> list[Job]:
     """Insert a flow's jobs (parents listed before their children) in the caller's transaction.
 
@@ -1432,15 +1493,13 @@ def insert_flow(
     now = now or timezone.now()
     with transaction.atomic(using=using):
         if attach_to is not None:
-            attached = (
-                Job.objects.using(using)
-                .filter(id=attach_to, state=JobState.WAITING_CHILDREN)
-                .update(pending_children=F("pending_children") + 1)
-            )
+            parent = Job.objects.using(using).filter(id=attach_to, state=JobState.WAITING_CHILDREN)
+            if backend is not None:
+                parent = parent.filter(backend=backend)  # one flow, one backend
+            attached = parent.update(pending_children=F("pending_children") + 1)
             if not attached:
-                raise FlowParentNotWaiting(
-                    Job.objects.using(using).filter(id=attach_to).values_list("state", flat=True).first()
-                )
+                found = Job.objects.using(using).filter(id=attach_to).values_list("state", "backend").first()
+                raise FlowParentNotWaiting(*(found or (None, None)))
             jobs[0].parent_id = attach_to
         rows = []
         for fj in jobs:
@@ -1495,7 +1554,9 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
     dep_table = JobDependency._meta.db_table
     seq_now = ready_seq(now)
     released: set[str] = set()
-    work = list(finished)
+    # Children in id order, so concurrent settlers meet their edges (and mostly their parents) in
+    # one order; a deadlock that remains is retried by the caller like any transient error.
+    work = sorted(finished, key=lambda f: str(f[0]), reverse=True)
     with connections[using].cursor() as cursor:
         while work:
             child_id, state, value = work.pop()
@@ -1538,11 +1599,26 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
             early = 1 if status == "failed" and policy == "continue" else 0
             cursor.execute(
                 f"UPDATE {JOB_TABLE} SET "
-                f"available_at = CASE WHEN {release} THEN %s ELSE available_at END, "
-                f"seq = CASE WHEN {release} THEN (CASE WHEN seq < 0 THEN %s ELSE %s END) ELSE seq END, "
-                f"state = CASE WHEN {release} THEN 'waiting' ELSE state END, "
+                # A parent with a run_after still ahead is released to delayed, keeping its time
+                # (and the seq it got for it); otherwise it is ready now.
+                f"available_at = CASE WHEN {release} AND available_at < %s THEN %s ELSE available_at END, "
+                f"seq = CASE WHEN {release} AND available_at <= %s THEN (CASE WHEN seq < 0 THEN %s ELSE %s END) "
+                f"ELSE seq END, "
+                f"state = CASE WHEN {release} THEN (CASE WHEN available_at > %s THEN 'delayed' ELSE 'waiting' END) "
+                f"ELSE state END, "
                 f"{decrement} WHERE id = %s RETURNING state, queue, pending_children",
-                [early, d.dt(now), early, -seq_now, seq_now, early, d.uuid(parent_id)],
+                [
+                    early,
+                    d.dt(now),
+                    d.dt(now),
+                    early,
+                    d.dt(now),
+                    -seq_now,
+                    seq_now,
+                    early,
+                    d.dt(now),
+                    d.uuid(parent_id),
+                ],  # fmt: skip
             )
             row = cursor.fetchone()
             if row is not None and row[0] == JobState.WAITING:
@@ -1569,33 +1645,42 @@ def children_values(*, using: str, parent_id: uuid.UUID) -> dict[str, dict[str, 
     return out
 
 
-def cancel_descendants(*, using: str, parent_ids: list[uuid.UUID], now: datetime | None = None) -> int:
+def cancel_descendants(
+    *, using: str, parent_ids: list[uuid.UUID], now: datetime | None = None
+) -> list[tuple[uuid.UUID, str]]:
     """Cancel the unfinished children of cancelled parents, all the way down: waiting, delayed
-    and waiting-children ones at once, running ones flagged (their workers are told)."""
+    and waiting-children ones at once (their dependency rows settled like any cancelled child's),
+    running ones flagged (their workers are told). Returns ``(id, queue)`` of those cancelled at
+    once. Call inside a transaction."""
     now = now or timezone.now()
-    total = 0
+    done: list[tuple[uuid.UUID, str]] = []
     frontier = list(parent_ids)
+    unfinished = [JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]
     while frontier:
         children = Job.objects.using(using).filter(parent_id__in=frontier)
-        cancelled = list(
-            children.filter(state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN]).values_list(
-                "id", flat=True
-            )
-        )
-        if cancelled:
-            total += (
+        # Lock in id order: two cascades (or a cascade and a worker) meet the rows in one order.
+        candidates = list(children.filter(state__in=unfinished).order_by("id").values_list("id", "queue"))
+        cancelled = []
+        for job_id, queue in candidates:
+            if (
                 Job.objects.using(using)
-                .filter(id__in=cancelled, state__in=[JobState.WAITING, JobState.DELAYED, JobState.WAITING_CHILDREN])
+                .filter(id=job_id, state__in=unfinished)
                 .update(state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now)
-            )
+            ):
+                cancelled.append((job_id, queue))
+        settle_dependencies(
+            using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j, _ in cancelled], now=now
+        )
         running = list(
             children.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).values_list("id", flat=True)
         )
         if running:
             Job.objects.using(using).filter(id__in=running, state=JobState.ACTIVE).update(cancel_requested_at=now)
             _notify_cancel(using, running)
-        frontier = cancelled
-    return total
+        done += cancelled
+        # Running children that were released early (failure_policy "continue") have children too.
+        frontier = [j for j, _ in cancelled] + running
+    return done
 
 
 def _notify_cancel(using: str, job_ids: list[uuid.UUID]) -> None:
@@ -1722,6 +1807,7 @@ def rescue_stalled_jobs(
                 for r in returned
                 if r[4] is not None and r[3] in FINISHED_STATES
             ],
+            now=now,
         )
     for r in rows:
         logger.warning("Rescued stalled job %s (lease expired): now %s.", r.id, r.state)

@@ -84,7 +84,7 @@ def flow(
     does to its parent (``"fail"``, ``"ignore"``, ``"remove"`` or ``"continue"``)."""
     if not isinstance(task, Task):
         raise InvalidFlow(f"flow() takes a @task function (a django.tasks.Task); got {type(task).__name__}.")
-    if isinstance(args, (str, bytes, dict)):
+    if not isinstance(args, (list, tuple)):
         raise InvalidFlow(f"flow() args must be a list or tuple of positional arguments; got {type(args).__name__}.")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise InvalidFlow(f"flow() kwargs must be a dict; got {type(kwargs).__name__}.")
@@ -92,6 +92,8 @@ def flow(
         raise InvalidFlow(f"failure_policy must be one of {', '.join(FAILURE_POLICIES)}; got {failure_policy!r}.")
     if isinstance(children, Flow):
         raise InvalidFlow("children must be a list of flow(...) nodes, not a single one; wrap it in a list.")
+    if not isinstance(children, (list, tuple)):
+        raise InvalidFlow(f"children must be a list or tuple of flow(...) nodes; got {type(children).__name__}.")
     kids = tuple(children)
     for i, child in enumerate(kids):
         if not isinstance(child, Flow):
@@ -119,10 +121,15 @@ def _enqueue(root: Flow, parent: Any) -> Any:
     using = backend.database
     try:
         with transaction.atomic(using=using):
-            inserted = engine.insert_flow(using=using, jobs=jobs, attach_to=attach_to)
+            inserted = engine.insert_flow(using=using, jobs=jobs, attach_to=attach_to, backend=backend.alias)
     except engine.FlowParentNotWaiting as exc:
         if exc.state is None:
             raise InvalidFlow(f"No job {attach_to} to attach this flow to.") from None
+        if exc.backend != backend.alias:
+            raise InvalidFlow(
+                f"Job {attach_to} belongs to backend {exc.backend!r} and this flow to {backend.alias!r}; a flow is "
+                "stored in one transaction, so all its jobs must use the same backend."
+            ) from None
         raise InvalidFlow(
             f"Job {attach_to} is {exc.state}, no longer waiting for children; a child can only be attached to a "
             "parent that is waiting-children."

@@ -624,3 +624,14 @@ def test_an_enqueue_waits_for_the_transaction_holding_the_key_row_lock(tmp_path)
 def test_dedup_and_trace_are_exported():
     assert django_jobs.Dedup is Dedup
     assert callable(django_jobs.trace)
+
+
+@db
+def test_the_sweeper_deletes_keys_without_expiry_whose_holder_finished():
+    done = enqueue("done")
+    enqueue("live")
+    Job.objects.filter(id=done.job.id).update(state="completed")  # as a worker's outcome would
+    counts = sweep(now=at(1))
+    assert counts["expired"] == 1
+    assert set(JobDedup.objects.values_list("key", flat=True)) == {"live"}
+    assert enqueue("done").created

@@ -209,7 +209,7 @@ def test_cancelling_a_parent_cancels_its_unfinished_children_all_the_way_down():
     drain_queue_only(done.id)
     django_jobs.cancel(root.id)
     cancelled = set(Job.objects.filter(state="cancelled").values_list("id", flat=True))
-    middle = Job.objects.get(parent_id=root.id, pending_children=1)
+    middle = Job.objects.get(parent_id=root.id, task_path="tests.tasks.noop")
     grandchild = Job.objects.get(parent_id=middle.id)
     assert cancelled == {uuid.UUID(root.id), middle.id, grandchild.id}
     assert Job.objects.get(id=done.id).state == "completed"
@@ -361,3 +361,73 @@ def test_the_admin_shows_a_parents_children(admin_client):
     assert page.status_code == 200
     body = page.content.decode()
     assert "children (flow)" in body.lower() and str(child.id) in body
+
+
+# -- review fixes --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_parent_with_a_run_after_ahead_is_released_to_delayed():
+    from datetime import timedelta
+
+    root = flow(tasks.noop.using(run_after=timedelta(hours=1)), children=[flow(tasks.noop)]).enqueue()
+    drain_queue()
+    parent = Job.objects.get(id=root.id)
+    assert parent.state == "delayed" and parent.pending_children == 0
+    assert parent.available_at > parent.enqueued_at + timedelta(minutes=59)
+
+
+@pytest.mark.django_db
+def test_an_outcome_built_without_has_parent_still_moves_the_parent_on():
+    root = flow(tasks.noop, children=[flow(tasks.noop)]).enqueue()
+    [job] = engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w", lease_seconds=30)
+    outcome = engine.Outcome(job_id=job.id, lease_token=job.lease_token, state="completed", return_value_json="7")
+    engine.record_outcomes([outcome], using="default")
+    assert state(root) == "waiting"
+
+
+@pytest.mark.django_db
+def test_retrying_a_parent_with_unfinished_children_is_refused():
+    from django_jobs.api import JobNotRetryable
+
+    root = flow(tasks.noop, children=[flow(tasks.always_fails), flow(tasks.noop.using(queue_name="later"))]).enqueue()
+    drain_queue("default")
+    assert state(root) == "failed"
+    with pytest.raises(JobNotRetryable, match="still has 1 unfinished flow child"):
+        django_jobs.retry(root.id)
+    drain_queue("later")
+    assert django_jobs.retry(root.id).status == "READY"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancelling_a_parent_sends_job_cancelled_for_every_job_cancelled_with_it():
+    from django_jobs.signals import job_cancelled
+
+    seen = []
+
+    def receiver(sender, job_id, was_running, **kwargs):
+        seen.append((job_id, was_running))
+
+    root = flow(tasks.noop, children=[flow(tasks.noop), flow(tasks.noop, children=[flow(tasks.noop)])]).enqueue()
+    job_cancelled.connect(receiver)
+    try:
+        django_jobs.cancel(root.id)
+    finally:
+        job_cancelled.disconnect(receiver)
+    assert len(seen) == 4 and {w for _, w in seen} == {False}
+    assert set(Job.objects.values_list("state", flat=True)) == {"cancelled"}
+    # Their dependency rows are settled, so a retry of the root is possible.
+    assert not JobDependency.objects.filter(status="pending").exists()
+
+
+@pytest.mark.django_db
+def test_more_bad_flow_input_is_refused_clearly():
+    with pytest.raises(InvalidFlow, match="args must be a list or tuple"):
+        flow(tasks.noop, args=5)
+    with pytest.raises(InvalidFlow, match="args must be a list or tuple"):
+        flow(tasks.noop, args={1, 2})
+    with pytest.raises(InvalidFlow, match="children must be a list or tuple"):
+        flow(tasks.noop, children=None)
+    waiting = flow(tasks.noop.using(backend="limited"), children=[flow(tasks.noop.using(backend="limited"))]).enqueue()
+    with pytest.raises(InvalidFlow, match="belongs to backend 'limited'"):
+        flow(tasks.noop).enqueue(parent=waiting)

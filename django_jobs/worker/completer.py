@@ -90,6 +90,7 @@ class Completer(threading.Thread):
                 lease_token=outcome.lease_token,
                 queue=outcome.queue,
                 attempt=outcome.attempt,
+                has_parent=outcome.has_parent,
                 state=JobState.FAILED,
                 error={
                     "exception_class_path": "django_jobs.exceptions.OutcomeNotStored",
