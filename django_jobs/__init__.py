@@ -6,6 +6,7 @@ from .backend import JobCall, call  # noqa: E402 - the public names, importable 
 from .dedup import Dedup  # noqa: E402
 from .exceptions import Fail, Retry, Snooze  # noqa: E402
 from .flows import Flow, flow  # noqa: E402
+from .schedules import schedule, unschedule  # noqa: E402
 from .tracing import trace  # noqa: E402
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
     "cancel",
     "flow",
     "retry",
+    "schedule",
     "trace",
+    "unschedule",
 ]
 
 

@@ -3,6 +3,7 @@
 E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPTIONS
 E003 DATABASE alias unknown or vendor unsupported E004 database too old
 E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
+E007 invalid SCHEDULES declaration
 W001 invalid name in QUEUES
 """
 
@@ -105,6 +106,20 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                         f"{where}: MIDDLEWARE entry {path!r} is not callable.",
                         hint="A middleware is a factory: factory(call_next) -> handler(context).",
                         id="django_jobs.E006",
+                    )
+                )
+    if isinstance(conf.SCHEDULES, dict):
+        from .schedules import InvalidSchedule, declaration_fields
+
+        for name, declaration in conf.SCHEDULES.items():
+            try:
+                declaration_fields(name, declaration)
+            except InvalidSchedule as exc:
+                errors.append(
+                    checks.Error(
+                        f"{where}: {exc}",
+                        hint="Fix the declaration in SCHEDULES; see docs/howto/schedules.md.",
+                        id="django_jobs.E007",
                     )
                 )
     for name in sorted(backend.queues, key=repr):

@@ -52,6 +52,12 @@ class JobsSettings:
     #: Dotted paths of middleware factories wrapping each job's execution, outermost first
     #: (docs/howto/middleware.md).
     MIDDLEWARE: tuple[str, ...] | list[str] = ()
+    #: Schedules declared in code: {name: {"task": ..., "cron" or "every": ..., ...}}, synced to
+    #: the Schedule table when a worker starts (docs/howto/schedules.md).
+    SCHEDULES: dict[str, Any] | None = None
+    #: Seconds after which a schedule's due tick counts as missed (downtime) rather than late;
+    #: missed ticks follow the schedule's catch_up policy, late ones all run.
+    MISFIRE_GRACE: float = 60.0
     #: LISTEN/NOTIFY channel (PostgreSQL).
     NOTIFY_CHANNEL: str = "django_jobs"
     #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
@@ -82,6 +88,10 @@ class JobsSettings:
                 problems.append(f"{name} must be a positive number of seconds.")
         if not isinstance(self.MIDDLEWARE, (list, tuple)) or not all(isinstance(p, str) for p in self.MIDDLEWARE):
             problems.append("MIDDLEWARE must be a list of dotted paths (strings).")
+        if self.SCHEDULES is not None and not isinstance(self.SCHEDULES, dict):
+            problems.append("SCHEDULES must be a dict of {name: declaration}.")
+        if not _positive(self.MISFIRE_GRACE):
+            problems.append("MISFIRE_GRACE must be a positive number of seconds.")
         if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:
             problems.append("SERVICE_BATCH_SIZE must be a positive integer.")
         from .backoff import validate_backoff

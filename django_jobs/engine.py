@@ -1696,6 +1696,43 @@ def _notify_cancel(using: str, job_ids: list[uuid.UUID]) -> None:
             cursor.execute("SELECT pg_notify(%s, %s)", [channel, f"{CANCEL_PREFIX}{job_id}"])
 
 
+# -- schedules ------------------------------------------------------------------------------
+
+
+def advance_schedule(
+    *,
+    using: str,
+    schedule_id: int,
+    due: datetime,
+    next_run_at: datetime | None,
+    job: Job | None,
+    now: datetime | None = None,
+) -> bool:
+    """Move a schedule from its tick ``due`` to ``next_run_at`` and, with ``job``, insert that
+    tick's job, in one transaction; False when another worker moved it first.
+
+    The compare-and-set on ``next_run_at`` makes one worker win each tick; the job's unique
+    ``scheduler_key`` (schedule, tick) is the constraint behind it, so even a stale worker cannot
+    insert a tick twice. ``job`` is None for a tick skipped by the catch-up policy.
+    """
+    from .models import Schedule
+
+    now = now or timezone.now()
+    with transaction.atomic(using=using):
+        changes: dict[str, Any] = {"next_run_at": next_run_at}
+        if job is not None:
+            changes.update(iterations=F("iterations") + 1, last_run_at=now)
+        moved = Schedule.objects.using(using).filter(id=schedule_id, next_run_at=due, enabled=True).update(**changes)
+        if not moved:
+            return False
+        if job is not None:
+            job.seq = ready_seq(job.available_at, bool(job.options.get("lifo")))
+            Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
+    if job is not None and job.state == JobState.WAITING:
+        notify(using, [job.queue])
+    return True
+
+
 # -- services -------------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ the admin issue."""
 
 from django.contrib import admin
 
-from ..models import Job, JobDependency, JobLog, QueueState, Worker
+from ..models import Job, JobDependency, JobLog, QueueState, Schedule, Worker
 
 
 class JobLogInline(admin.TabularInline):
@@ -84,3 +84,33 @@ class WorkerAdmin(admin.ModelAdmin):
 @admin.register(QueueState)
 class QueueStateAdmin(admin.ModelAdmin):
     list_display = ("name", "paused", "concurrency_limit", "rate_limit", "max_size")
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Schedules can be added and edited here; an edit is a runtime edit, which the workers'
+    sync of ``DJANGO_JOBS["SCHEDULES"]`` then leaves alone."""
+
+    list_display = ("name", "task_path", "cron", "every_seconds", "timezone", "enabled", "next_run_at", "iterations")
+    list_filter = ("enabled", "source", "backend")
+    search_fields = ("name", "task_path")
+    readonly_fields = ("next_run_at", "iterations", "last_run_at", "source", "code_hash", "edited_at", "synced_at")
+    fieldsets = (
+        (None, {"fields": ("backend", "name", "enabled", "task_path", "args", "kwargs", "queue", "priority", "options")}),
+        ("When", {"fields": ("cron", "every_seconds", "offset_seconds", "timezone", "start_at", "end_at", "limit",
+                             "catch_up")}),
+        ("State", {"fields": readonly_fields}),
+    )  # fmt: skip
+
+    def save_model(self, request, obj, form, change):
+        from django.utils import timezone
+
+        from ..schedules import first_tick
+
+        timing = {"cron", "every_seconds", "offset_seconds", "timezone", "start_at", "end_at"}
+        now = timezone.now()
+        if not change or timing & set(form.changed_data) or obj.next_run_at is None:
+            obj.next_run_at = first_tick(obj, now)
+        obj.source = "runtime" if not change else obj.source
+        obj.edited_at = now
+        super().save_model(request, obj, form, change)

@@ -5,6 +5,7 @@ from .dependency import DependencyStatus, FailurePolicy, JobDependency
 from .job import Job, JobQuerySet
 from .log import JobLog
 from .queue import QueueState
+from .schedule import CatchUp, Schedule
 from .worker import Worker
 
 __all__ = [
@@ -17,5 +18,7 @@ __all__ = [
     "JobLog",
     "JobQuerySet",
     "QueueState",
+    "CatchUp",
+    "Schedule",
     "Worker",
 ]

@@ -133,6 +133,12 @@ class Job(models.Model):
             models.CheckConstraint(condition=Q(state__in=[s.value for s in JobState]), name="django_jobs_state_valid"),
             # A queue's jobs are unique by idempotency key for as long as the row exists; the engine
             # inserts with ON CONFLICT on exactly this index (its WHERE included).
+            # One job per (schedule, tick): the last guard of "exactly one job per tick".
+            models.UniqueConstraint(
+                fields=["scheduler_key"],
+                condition=Q(scheduler_key__isnull=False),
+                name="django_jobs_scheduler_tick",
+            ),
             models.UniqueConstraint(
                 fields=["backend", "queue", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),

@@ -4,5 +4,6 @@ from .base import Service
 from .dedup import DedupSweeper
 from .promoter import Promoter
 from .rescuer import Reaper, Rescuer
+from .scheduler import Scheduler
 
-__all__ = ["DedupSweeper", "Promoter", "Reaper", "Rescuer", "Service"]
+__all__ = ["DedupSweeper", "Promoter", "Reaper", "Rescuer", "Scheduler", "Service"]

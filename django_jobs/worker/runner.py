@@ -9,7 +9,7 @@ Threads of one worker process:
   event loop thread while the executor thread holds their slot);
 * the **completer** writes outcomes in batches, guarded on each job's lease;
 * the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
-  the services (promoter, rescuer, reaper, dedup sweeper);
+  the services (promoter, rescuer, reaper, dedup sweeper, scheduler);
 * the **watchdog** gives up attempts that run past their timeout: it records them as failed,
   frees their slot and starts a new executor thread (a Python thread cannot be killed; the old
   one runs on and its late outcome is discarded);
@@ -43,7 +43,7 @@ from ..conf import get_settings
 from ..db import is_transient
 from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
 from ..models import Job
-from ..services import DedupSweeper, Promoter, Reaper, Rescuer
+from ..services import DedupSweeper, Promoter, Reaper, Rescuer, Scheduler
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
@@ -209,6 +209,14 @@ class Worker:
             self._executor.chain_for(backend)  # a broken MIDDLEWARE fails here, not job by job
         except JobsConfigurationError as exc:
             raise InvalidWorkerOption(str(exc)) from None
+        if self.settings.SCHEDULES:
+            from ..schedules import InvalidSchedule, declaration_fields
+
+            for name, declaration in self.settings.SCHEDULES.items():
+                try:
+                    declaration_fields(name, declaration)
+                except InvalidSchedule as exc:
+                    raise InvalidWorkerOption(f"SCHEDULES: {exc}") from None
         # Attempts of the jobs this worker claimed, from the claim to the end of the attempt: the
         # watchdog reads their deadlines, cancels reach them here (even before they start).
         self._attempts: dict[Any, Attempt] = {}
@@ -243,6 +251,7 @@ class Worker:
             self._install_signal_handlers()
         self.stats = WorkerStats()
         self._retry_db(self._register)
+        self._retry_db(self._sync_schedules)
         logger.info(
             "Worker %s started: queues=%s concurrency=%d",
             self.worker_id,
@@ -328,6 +337,14 @@ class Worker:
                 break
             if not jobs:
                 self._wake.wait(timeout=self.sleep * random.uniform(0.75, 1.25))
+
+    def _sync_schedules(self) -> None:
+        from ..schedules import sync_schedules
+
+        if self.settings.SCHEDULES:
+            counts = sync_schedules(self.backend)
+            if any(counts.values()):
+                logger.info("Worker %s synced schedules: %s", self.worker_id, counts)
 
     def _register(self) -> None:
         engine.register_worker(
@@ -618,6 +635,7 @@ class Worker:
             Rescuer(**common, interval=s.RESCUE_INTERVAL),
             Reaper(**common, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS)),
             DedupSweeper(**common, interval=s.PROMOTE_INTERVAL),
+            Scheduler(**common, interval=s.PROMOTE_INTERVAL),
         ]
         is_leader = False
         next_leader_check = 0.0

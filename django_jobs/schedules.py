@@ -1,0 +1,434 @@
+"""Schedules: enqueue a job at every tick of a cron expression or a fixed interval.
+
+Declared in code (``DJANGO_JOBS["SCHEDULES"]``, synced to the ``Schedule`` table when a worker
+starts) or at run time (:func:`schedule`, the admin). Every worker runs the ``Scheduler``
+service; each tick is fired once however many do: a compare-and-set on ``next_run_at`` in the
+same transaction as the job's insert, and a unique ``Job.scheduler_key`` per (schedule, tick).
+See docs/howto/schedules.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.utils import timezone as dj_timezone
+
+from .exceptions import JobsError
+
+__all__ = ["InvalidSchedule", "schedule", "sync_schedules", "unschedule"]
+
+#: Keys a schedule declaration may have (DJANGO_JOBS["SCHEDULES"][name] and schedule()).
+SPEC_KEYS = frozenset(
+    {"task", "cron", "every", "offset", "timezone", "args", "kwargs", "queue", "priority", "options", "start",
+     "end", "limit", "catch_up", "enabled"}
+)  # fmt: skip
+CATCH_UPS = ("latest", "all", "none")
+#: Most ticks one run of the scheduler fires for one schedule (catch_up="all" after downtime).
+MAX_TICKS_PER_RUN = 1000
+
+
+class InvalidSchedule(JobsError, ValueError):
+    """The schedule is invalid; nothing was saved."""
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+
+def validate_spec(
+    *,
+    cron: str | None,
+    every: float | None,
+    offset: float = 0,
+    timezone: str = "UTC",
+    start: datetime | None = None,
+    end: datetime | None = None,
+    task_path: str | None = None,
+    catch_up: str = "latest",
+    limit: Any = None,
+) -> None:
+    """Raise InvalidSchedule with the reason when the schedule cannot work."""
+    if (cron is None) == (every is None):
+        raise InvalidSchedule("Give exactly one of cron (an expression) or every (seconds).")
+    if cron is not None:
+        _check_cron(cron)
+    if every is not None and (
+        not isinstance(every, (int, float)) or isinstance(every, bool) or not math.isfinite(every) or every <= 0
+    ):
+        raise InvalidSchedule(f"every must be a number of seconds > 0; got {every!r}.")
+    if not isinstance(offset, (int, float)) or isinstance(offset, bool) or not math.isfinite(offset) or offset < 0:
+        raise InvalidSchedule(f"offset must be a number of seconds >= 0; got {offset!r}.")
+    zone(timezone)
+    for name, value in (("start", start), ("end", end)):
+        if value is not None and (not isinstance(value, datetime) or dj_timezone.is_naive(value)):
+            raise InvalidSchedule(f"{name} must be an aware datetime; got {value!r}.")
+    if start is not None and end is not None and end <= start:
+        raise InvalidSchedule(f"end ({end.isoformat()}) must be after start ({start.isoformat()}).")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InvalidSchedule(f"limit must be an integer >= 1 or None; got {limit!r}.")
+    if catch_up not in CATCH_UPS:
+        raise InvalidSchedule(f"catch_up must be one of {', '.join(CATCH_UPS)}; got {catch_up!r}.")
+    if task_path is not None:
+        from .backend import resolve_task
+
+        try:
+            resolve_task(task_path)
+        except JobsError as exc:
+            raise InvalidSchedule(str(exc)) from None
+
+
+def _check_cron(expr: Any) -> None:
+    from croniter import croniter
+
+    if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
+        raise InvalidSchedule(
+            f"cron must be 5 fields (minute hour day month weekday) or 6 with seconds first; got {expr!r}."
+        )
+    try:
+        croniter(expr, datetime(2026, 1, 1, tzinfo=UTC), second_at_beginning=True).get_next(datetime)
+    except Exception as exc:  # noqa: BLE001 - croniter raises several types for a bad expression
+        raise InvalidSchedule(f"Invalid cron expression {expr!r}: {exc}") from None
+
+
+def zone(name: Any) -> ZoneInfo:
+    if not isinstance(name, str) or not name:
+        raise InvalidSchedule(f"timezone must be an IANA name such as 'Europe/Paris'; got {name!r}.")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidSchedule(f"Unknown timezone {name!r}; use an IANA name such as 'Europe/Paris' or 'UTC'.") from None
+
+
+# -- ticks ---------------------------------------------------------------------------------------
+
+
+def ticks_after(sched: Any, after: datetime) -> Iterator[datetime]:
+    """The schedule's ticks strictly after ``after``, in order, as aware UTC datetimes, within
+    its start and end (its limit is the caller's business)."""
+    start, end = sched.start_at, sched.end_at
+    if start is not None and after < start:
+        after = start - timedelta(microseconds=1)
+    if sched.cron:
+        source = _cron_ticks(sched.cron, zone(sched.timezone), after)
+    else:
+        source = _interval_ticks(sched.every_seconds, sched.offset_seconds or 0.0, start, after)
+    for tick in source:
+        if end is not None and tick > end:
+            return
+        yield tick
+
+
+def _cron_ticks(expr: str, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
+    from croniter import croniter
+
+    it = croniter(expr, after.astimezone(tz), second_at_beginning=True)
+    previous_wall = None
+    while True:
+        local = it.get_next(datetime)
+        # On a fall-back night a wall-clock time happens twice (02:30 +02:00, then +01:00):
+        # fire it once. On a spring-forward night croniter moves a missing time to the first
+        # existing one (02:30 -> 03:00), so it runs once too.
+        wall = local.replace(tzinfo=None)
+        if wall == previous_wall:
+            continue
+        previous_wall = wall
+        yield local.astimezone(UTC)
+
+
+def _interval_ticks(every: float, offset: float, start: datetime | None, after: datetime) -> Iterator[datetime]:
+    anchor = (start or datetime(1970, 1, 1, tzinfo=UTC)) + timedelta(seconds=offset)
+    step = timedelta(seconds=every)
+    if after < anchor:
+        k = 0
+    else:
+        k = int((after - anchor) / step) + 1
+    while True:
+        tick = anchor + k * step
+        if tick > after:
+            yield tick.astimezone(UTC)
+        k += 1
+
+
+def first_tick(sched: Any, now: datetime) -> datetime | None:
+    """The first tick a new (or re-timed) schedule fires: the first one after ``now``."""
+    return next(ticks_after(sched, now), None)
+
+
+# -- the public API ------------------------------------------------------------------------------
+
+
+def schedule(name: str, task: Any, **spec: Any) -> Any:
+    """Create or update the schedule ``name`` at run time and return its ``Schedule`` row.
+
+    ``task``: a ``@task`` function (or its dotted path). ``spec``: ``cron`` (5 fields, or 6 with
+    seconds first) or ``every`` (seconds) with ``offset``; ``timezone`` (IANA name, default
+    UTC); ``args``, ``kwargs``, ``queue``, ``priority``, ``options`` (django-jobs task options);
+    ``start``, ``end`` (aware datetimes), ``limit`` (ticks); ``catch_up`` ("latest", "all",
+    "none"); ``enabled``; ``backend`` (default "default"). Raises InvalidSchedule, saving nothing.
+    A worker's sync leaves a schedule edited here alone even when it is also declared in code.
+    """
+    backend = spec.pop("backend", "default")
+    fields = declaration_fields(name, {"task": task, **spec})
+    return _save(backend, name, fields, source="runtime")
+
+
+def unschedule(name: str, *, backend: str = "default") -> bool:
+    """Delete the schedule ``name``; False when there was none. Jobs it enqueued stay."""
+    from .models import Schedule
+
+    deleted, _ = Schedule.objects.using(_database(backend)).filter(backend=backend, name=name).delete()
+    return bool(deleted)
+
+
+def sync_schedules(backend: str = "default", now: datetime | None = None) -> dict[str, int]:
+    """Bring the code declarations (``SCHEDULES`` of ``backend``) into the table (worker start).
+
+    New ones are created. A declaration that changed since its last sync updates its row, unless
+    the row was edited at run time since (then the runtime edit stays, with a warning). Rows
+    declared in code before but not any more are disabled, not deleted (their history stays).
+    """
+    import logging
+
+    from .conf import get_settings
+    from .models import Schedule
+
+    logger = logging.getLogger("django_jobs.schedules")
+    declared = get_settings(backend).SCHEDULES or {}
+    using = _database(backend)
+    counts = {"created": 0, "updated": 0, "kept_runtime_edit": 0, "disabled": 0}
+    now = now or dj_timezone.now()
+    for name, raw in declared.items():
+        fields = declaration_fields(name, raw)
+        digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+        row = Schedule.objects.using(using).filter(backend=backend, name=name).first()
+        if row is None:
+            _save(backend, name, fields, source="code", code_hash=digest, now=now)
+            counts["created"] += 1
+        elif row.code_hash != digest:
+            if row.edited_at is not None and (row.synced_at is None or row.edited_at > row.synced_at):
+                logger.warning(
+                    "Schedule %r changed in code, but it was edited at run time since the last sync; keeping the "
+                    "runtime version (delete it, or save it from code with schedule(), to take the code's).",
+                    name,
+                )
+                counts["kept_runtime_edit"] += 1
+                continue
+            _save(backend, name, fields, source="code", code_hash=digest, now=now)
+            counts["updated"] += 1
+    gone = (
+        Schedule.objects.using(using)
+        .filter(backend=backend, source="code", enabled=True)
+        .exclude(name__in=list(declared))
+    )
+    counts["disabled"] = gone.update(enabled=False)
+    return counts
+
+
+def _database(backend: str) -> str:
+    from .conf import get_settings
+
+    return get_settings(backend).DATABASE
+
+
+def declaration_fields(name: Any, raw: Any) -> dict[str, Any]:
+    """Validated model fields of one declaration."""
+    from django.tasks import Task
+
+    from .backend import check_json, validate_queue_name
+
+    if not isinstance(name, str) or not 1 <= len(name) <= 200:
+        raise InvalidSchedule(f"A schedule name is 1-200 characters; got {name!r}.")
+    if not isinstance(raw, dict):
+        raise InvalidSchedule(f"Schedule {name!r} must be a dict of options; got {type(raw).__name__}.")
+    unknown = set(raw) - SPEC_KEYS
+    if unknown:
+        raise InvalidSchedule(f"Schedule {name!r}: unknown option(s) {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}.")
+    task = raw.get("task")
+    task_path = task.module_path if isinstance(task, Task) else task
+    if not isinstance(task_path, str):
+        raise InvalidSchedule(f"Schedule {name!r} needs task: a @task function or its dotted path.")
+    args, kwargs = raw.get("args", []), raw.get("kwargs", {})
+    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+        raise InvalidSchedule(f"Schedule {name!r}: args must be a list and kwargs a dict.")
+    try:
+        check_json(list(args), "args")
+        check_json(kwargs, "kwargs")
+        if raw.get("queue") is not None:
+            validate_queue_name(raw["queue"])
+    except JobsError as exc:
+        raise InvalidSchedule(f"Schedule {name!r}: {exc}") from None
+    options = raw.get("options", {}) or {}
+    if not isinstance(options, dict) or set(options) - {"max_attempts", "backoff", "timeout", "lifo"}:
+        raise InvalidSchedule(
+            f"Schedule {name!r}: options may hold max_attempts, backoff, timeout and lifo; got {options!r}."
+        )
+    priority = raw.get("priority")
+    if priority is not None and (
+        not isinstance(priority, int) or isinstance(priority, bool) or not -100 <= priority <= 100
+    ):
+        raise InvalidSchedule(f"Schedule {name!r}: priority must be an integer -100..100; got {priority!r}.")
+    every = raw.get("every")
+    if isinstance(every, timedelta):
+        every = every.total_seconds()
+    try:
+        validate_spec(
+            cron=raw.get("cron"),
+            every=every,
+            offset=raw.get("offset", 0),
+            timezone=raw.get("timezone", "UTC"),
+            start=raw.get("start"),
+            end=raw.get("end"),
+            task_path=task_path,
+            catch_up=raw.get("catch_up", "latest"),
+            limit=raw.get("limit"),
+        )
+    except InvalidSchedule as exc:
+        raise InvalidSchedule(f"Schedule {name!r}: {exc}") from None
+    return {
+        "task_path": task_path,
+        "args": list(args),
+        "kwargs": dict(kwargs),
+        "queue": raw.get("queue"),
+        "priority": priority,
+        "options": dict(options),
+        "cron": raw.get("cron"),
+        "every_seconds": float(every) if every is not None else None,
+        "offset_seconds": float(raw.get("offset", 0)),
+        "timezone": raw.get("timezone", "UTC"),
+        "start_at": raw.get("start"),
+        "end_at": raw.get("end"),
+        "limit": raw.get("limit"),
+        "catch_up": raw.get("catch_up", "latest"),
+        "enabled": bool(raw.get("enabled", True)),
+    }
+
+
+def _save(
+    backend: str,
+    name: str,
+    fields: dict[str, Any],
+    *,
+    source: str,
+    code_hash: str | None = None,
+    now: datetime | None = None,
+) -> Any:
+    from django.db import transaction
+
+    from .models import Schedule
+
+    now = now or dj_timezone.now()
+    using = _database(backend)
+    with transaction.atomic(using=using):
+        row = Schedule.objects.using(using).select_for_update().filter(backend=backend, name=name).first()
+        timing = ("cron", "every_seconds", "offset_seconds", "timezone", "start_at", "end_at")
+        retimed = row is None or any(getattr(row, f) != fields[f] for f in timing)
+        row = row or Schedule(backend=backend, name=name)
+        for key, value in fields.items():
+            setattr(row, key, value)
+        row.source = source
+        if source == "code":
+            row.code_hash, row.synced_at = code_hash, now
+        else:
+            row.edited_at = now
+        if retimed:
+            row.next_run_at = first_tick(row, now)
+        row.save(using=using)
+    return row
+
+
+# -- firing (the Scheduler service) ----------------------------------------------------------------
+
+
+def fire_due(*, backend: str, now: datetime | None = None, grace: float = 60.0, limit: int = 100) -> dict[str, int]:
+    """Fire the due ticks of ``backend``'s enabled schedules; return counts.
+
+    Ticks due within ``grace`` seconds are late and all fire; older ones were missed (the
+    workers were down) and the schedule's ``catch_up`` decides: ``latest`` fires the latest
+    missed tick once, ``all`` fires each (at most MAX_TICKS_PER_RUN per run), ``none`` none.
+    """
+    from . import engine
+    from .models import Schedule
+
+    now = now or dj_timezone.now()
+    using = _database(backend)
+    counts = {"fired": 0, "skipped": 0, "lost_race": 0}
+    due_rows = list(
+        Schedule.objects.using(using)
+        .filter(backend=backend, enabled=True, next_run_at__lte=now)
+        .order_by("next_run_at")[:limit]
+    )
+    for sched in due_rows:
+        ticks = [sched.next_run_at]
+        for tick in ticks_after(sched, sched.next_run_at):
+            if tick > now or len(ticks) > MAX_TICKS_PER_RUN:
+                following = tick
+                break
+            ticks.append(tick)
+        else:
+            following = None
+        missed = [t for t in ticks if t < now - timedelta(seconds=grace)]
+        late = [t for t in ticks if t >= now - timedelta(seconds=grace)]
+        keep = set(late)
+        if missed and sched.catch_up == "all":
+            keep |= set(missed)
+        elif missed and sched.catch_up == "latest":
+            keep.add(missed[-1])
+        fired = sched.iterations
+        for i, tick in enumerate(ticks):
+            nxt = ticks[i + 1] if i + 1 < len(ticks) else following
+            fire = tick in keep
+            if fire and sched.limit is not None and fired >= sched.limit:
+                fire, nxt = False, None  # the limit is reached: the schedule is done
+            if fire and nxt is not None and sched.limit is not None and fired + 1 >= sched.limit:
+                nxt = None
+            job = _job_for(sched, tick, now) if fire else None
+            if not engine.advance_schedule(
+                using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, now=now
+            ):
+                counts["lost_race"] += 1
+                break  # another worker fired it; its run carries on from here
+            counts["fired" if fire else "skipped"] += 1
+            fired += int(fire)
+            if nxt is None:
+                break
+    return counts
+
+
+def _job_for(sched: Any, tick: datetime, now: datetime) -> Any:
+    """The unsaved Job a schedule's tick enqueues (the template, as enqueue would store it)."""
+    from django.tasks import task_backends
+
+    from .backend import resolve_task
+    from .models import Job
+    from .states import JobState
+    from .tracing import new_trace_id
+
+    task = resolve_task(sched.task_path)
+    changes: dict[str, Any] = {"backend": sched.backend, **sched.options}
+    if sched.queue:
+        changes["queue_name"] = sched.queue
+    if sched.priority is not None:
+        changes["priority"] = sched.priority
+    task = task.using(**changes)
+    backend = task_backends[sched.backend]
+    max_attempts, options = backend._job_fields(task)
+    return Job(
+        backend=sched.backend,
+        queue=task.queue_name,
+        task_path=task.module_path,
+        priority=task.priority,
+        args=list(sched.args),
+        kwargs=dict(sched.kwargs),
+        max_attempts=max_attempts,
+        options=options,
+        state=JobState.WAITING,
+        available_at=now,
+        enqueued_at=now,
+        scheduler_key=f"{sched.pk}@{tick.astimezone(UTC).isoformat()}",
+        trace_id=new_trace_id(),
+    )
