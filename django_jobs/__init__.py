@@ -6,6 +6,7 @@ from .backend import JobCall, call  # noqa: E402 - the public names, importable 
 from .dedup import Dedup  # noqa: E402
 from .exceptions import Fail, Retry, Snooze  # noqa: E402
 from .flows import Flow, flow  # noqa: E402
+from .queues import queue  # noqa: E402
 from .schedules import schedule, unschedule  # noqa: E402
 from .tracing import trace  # noqa: E402
 
@@ -20,6 +21,7 @@ __all__ = [
     "call",
     "cancel",
     "flow",
+    "queue",
     "retry",
     "schedule",
     "trace",

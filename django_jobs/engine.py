@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError, connections, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from .db import Dialect
 from .exceptions import InvalidTaskOptions, JobsError
-from .models import Job, JobDependency, JobLog, Worker
+from .models import Job, JobDependency, JobLog, QueueState, Worker
 from .models.dedup import JobDedup, JobDedupNext
 from .states import FINISHED_STATES, JobState
 from .tracing import trace_id_for_new_job
@@ -44,6 +44,7 @@ from .uuid7 import uuid7
 logger = logging.getLogger("django_jobs.engine")
 
 JOB_TABLE = Job._meta.db_table
+QUEUE_TABLE = QueueState._meta.db_table
 
 # Columns returned by a claim, in order; ClaimedJob mirrors them.
 _CLAIM_COLUMNS = (
@@ -1061,6 +1062,10 @@ def claim_jobs(
         sql, params = d.in_list("id", [d.uuid(j) for j in job_ids])
         where.append(sql)
         where_params += params
+    else:
+        # Paused queues are skipped here, in the claim itself: a pause holds for every worker
+        # from the moment it commits (a primary-key probe of a small table per candidate row).
+        where.append(f"NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} q WHERE q.name = {JOB_TABLE}.queue AND q.paused)")
     select_ids = (
         f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(where)} "
         f"ORDER BY priority DESC, seq, id LIMIT %s {d.skip_locked()}"
@@ -1731,6 +1736,56 @@ def advance_schedule(
     if job is not None and job.state == JobState.WAITING:
         notify(using, [job.queue])
     return True
+
+
+# -- queue control ----------------------------------------------------------------------------
+
+
+def set_queue_paused(*, using: str, queue: str, paused: bool) -> None:
+    """Pause or resume ``queue`` for every worker (the claim skips paused queues)."""
+    QueueState.objects.using(using).update_or_create(name=queue, defaults={"paused": paused})
+    if not paused:
+        notify(using, [queue])  # wake the workers that skipped it
+
+
+def is_queue_paused(*, using: str, queue: str) -> bool:
+    return QueueState.objects.using(using).filter(name=queue, paused=True).exists()
+
+
+def queue_counts(*, using: str, backend: str, queue: str) -> dict[str, int]:
+    """``{state: n}`` of the queue's unfinished jobs (each state has its partial index)."""
+    counts = {s: 0 for s in (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE, JobState.WAITING_CHILDREN)}
+    rows = (
+        Job.objects.using(using)
+        .filter(backend=backend, queue=queue, state__in=list(counts))
+        .values_list("state")
+        .annotate(n=models.Count("id"))
+        .order_by()
+    )
+    for state, n in rows:
+        counts[state] = n
+    return counts
+
+
+def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = None) -> int:
+    """Delete jobs (and their logs, dedup keys and dependency rows); a flow child deleted before
+    it finished counts as cancelled for its parent, so no parent waits for it forever."""
+    if not job_ids:
+        return 0
+    with transaction.atomic(using=using):
+        unfinished_children = list(
+            Job.objects.using(using)
+            .filter(id__in=job_ids, parent__isnull=False)
+            .exclude(state__in=FINISHED_STATES)
+            .values_list("id", flat=True)
+        )
+        settle_dependencies(
+            using=using,
+            finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in unfinished_children],
+            now=now,
+        )
+        deleted, by_model = Job.objects.using(using).filter(id__in=job_ids).delete()
+    return by_model.get(Job._meta.label, 0)
 
 
 # -- services -------------------------------------------------------------------------------
