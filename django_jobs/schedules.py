@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,8 @@ from django.utils import timezone as dj_timezone
 from .exceptions import JobsError
 
 __all__ = ["InvalidSchedule", "schedule", "sync_schedules", "unschedule"]
+
+logger = logging.getLogger("django_jobs.schedules")
 
 #: Keys a schedule declaration may have (DJANGO_JOBS["SCHEDULES"][name] and schedule()).
 SPEC_KEYS = frozenset(
@@ -126,8 +129,10 @@ def ticks_after(sched: Any, after: datetime) -> Iterator[datetime]:
 def _cron_ticks(expr: str, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
     from croniter import croniter
 
-    it = croniter(expr, after.astimezone(tz), second_at_beginning=True)
-    previous_wall = None
+    start = after.astimezone(tz)
+    it = croniter(expr, start, second_at_beginning=True)
+    # Starting from a tick already fired: its wall time counts as seen.
+    previous_wall = start.replace(tzinfo=None)
     while True:
         local = it.get_next(datetime)
         # On a fall-back night a wall-clock time happens twice (02:30 +02:00, then +01:00):
@@ -192,12 +197,9 @@ def sync_schedules(backend: str = "default", now: datetime | None = None) -> dic
     the row was edited at run time since (then the runtime edit stays, with a warning). Rows
     declared in code before but not any more are disabled, not deleted (their history stays).
     """
-    import logging
-
     from .conf import get_settings
     from .models import Schedule
 
-    logger = logging.getLogger("django_jobs.schedules")
     declared = get_settings(backend).SCHEDULES or {}
     using = _database(backend)
     counts = {"created": 0, "updated": 0, "kept_runtime_edit": 0, "disabled": 0}
@@ -213,7 +215,7 @@ def sync_schedules(backend: str = "default", now: datetime | None = None) -> dic
             if row.edited_at is not None and (row.synced_at is None or row.edited_at > row.synced_at):
                 logger.warning(
                     "Schedule %r changed in code, but it was edited at run time since the last sync; keeping the "
-                    "runtime version (delete it, or save it from code with schedule(), to take the code's).",
+                    "runtime version (delete its row to take the code's at the next worker start).",
                     name,
                 )
                 counts["kept_runtime_edit"] += 1
@@ -225,7 +227,8 @@ def sync_schedules(backend: str = "default", now: datetime | None = None) -> dic
         .filter(backend=backend, source="code", enabled=True)
         .exclude(name__in=list(declared))
     )
-    counts["disabled"] = gone.update(enabled=False)
+    # Forget the declaration's hash: put back in code, it is synced (and enabled) again.
+    counts["disabled"] = gone.update(enabled=False, code_hash=None)
     return counts
 
 
@@ -356,47 +359,59 @@ def fire_due(*, backend: str, now: datetime | None = None, grace: float = 60.0, 
 
     now = now or dj_timezone.now()
     using = _database(backend)
-    counts = {"fired": 0, "skipped": 0, "lost_race": 0}
+    counts = {"fired": 0, "skipped": 0, "lost_race": 0, "failed": 0}
     due_rows = list(
         Schedule.objects.using(using)
         .filter(backend=backend, enabled=True, next_run_at__lte=now)
         .order_by("next_run_at")[:limit]
     )
     for sched in due_rows:
-        ticks = [sched.next_run_at]
-        for tick in ticks_after(sched, sched.next_run_at):
-            if tick > now or len(ticks) > MAX_TICKS_PER_RUN:
-                following = tick
-                break
-            ticks.append(tick)
-        else:
-            following = None
-        missed = [t for t in ticks if t < now - timedelta(seconds=grace)]
-        late = [t for t in ticks if t >= now - timedelta(seconds=grace)]
-        keep = set(late)
-        if missed and sched.catch_up == "all":
-            keep |= set(missed)
-        elif missed and sched.catch_up == "latest":
-            keep.add(missed[-1])
-        fired = sched.iterations
-        for i, tick in enumerate(ticks):
-            nxt = ticks[i + 1] if i + 1 < len(ticks) else following
-            fire = tick in keep
-            if fire and sched.limit is not None and fired >= sched.limit:
-                fire, nxt = False, None  # the limit is reached: the schedule is done
-            if fire and nxt is not None and sched.limit is not None and fired + 1 >= sched.limit:
-                nxt = None
-            job = _job_for(sched, tick, now) if fire else None
-            if not engine.advance_schedule(
-                using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, now=now
-            ):
-                counts["lost_race"] += 1
-                break  # another worker fired it; its run carries on from here
-            counts["fired" if fire else "skipped"] += 1
-            fired += int(fire)
-            if nxt is None:
-                break
+        try:
+            _fire(sched, using, now, grace, counts)
+        except Exception:  # noqa: BLE001 - one broken schedule must not stop the others
+            counts["failed"] += 1
+            logger.exception("Schedule %r (%s) could not fire its tick %s; skipping that tick.", sched.name,
+                             sched.task_path, sched.next_run_at)  # fmt: skip
+            nxt = next(ticks_after(sched, max(now, sched.next_run_at)), None)
+            engine.advance_schedule(using=using, schedule_id=sched.pk, due=sched.next_run_at, next_run_at=nxt, job=None)
     return counts
+
+
+def _fire(sched: Any, using: str, now: datetime, grace: float, counts: dict[str, int]) -> None:
+    """Fire (or skip, by its catch-up policy) one schedule's due ticks, from its next_run_at."""
+    from . import engine
+
+    ticks = [sched.next_run_at]
+    for tick in ticks_after(sched, sched.next_run_at):
+        if tick > now or len(ticks) > MAX_TICKS_PER_RUN:
+            following = tick
+            break
+        ticks.append(tick)
+    else:
+        following = None
+    missed = [t for t in ticks if t < now - timedelta(seconds=grace)]
+    late = [t for t in ticks if t >= now - timedelta(seconds=grace)]
+    keep = set(late)
+    if missed and sched.catch_up == "all":
+        keep |= set(missed)
+    elif missed and sched.catch_up == "latest":
+        keep.add(missed[-1])
+    fired = sched.iterations
+    for i, tick in enumerate(ticks):
+        nxt = ticks[i + 1] if i + 1 < len(ticks) else following
+        fire = tick in keep
+        if fire and sched.limit is not None and fired >= sched.limit:
+            fire, nxt = False, None  # the limit is reached: the schedule is done
+        if fire and nxt is not None and sched.limit is not None and fired + 1 >= sched.limit:
+            nxt = None
+        job = _job_for(sched, tick, now) if fire else None
+        if not engine.advance_schedule(using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, now=now):
+            counts["lost_race"] += 1
+            break  # another worker fired it; its run carries on from here
+        counts["fired" if fire else "skipped"] += 1
+        fired += int(fire)
+        if nxt is None:
+            break
 
 
 def _job_for(sched: Any, tick: datetime, now: datetime) -> Any:

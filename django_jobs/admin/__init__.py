@@ -111,6 +111,6 @@ class ScheduleAdmin(admin.ModelAdmin):
         now = timezone.now()
         if not change or timing & set(form.changed_data) or obj.next_run_at is None:
             obj.next_run_at = first_tick(obj, now)
-        obj.source = "runtime" if not change else obj.source
+        obj.source = "runtime"  # an admin edit is a runtime edit, as with django_jobs.schedule()
         obj.edited_at = now
         super().save_model(request, obj, form, change)

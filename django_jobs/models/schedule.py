@@ -59,20 +59,28 @@ class Schedule(models.Model):
         return self.name
 
     def clean(self) -> None:
+        """The same validation as ``django_jobs.schedule()`` (the admin's form calls it)."""
         from django.core.exceptions import ValidationError
 
-        from ..schedules import InvalidSchedule, validate_spec
+        from ..schedules import InvalidSchedule, declaration_fields
 
+        declaration = {
+            "task": self.task_path,
+            "cron": self.cron or None,
+            "every": self.every_seconds,
+            "offset": self.offset_seconds,
+            "timezone": self.timezone,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "queue": self.queue or None,
+            "priority": self.priority,
+            "options": self.options,
+            "start": self.start_at,
+            "end": self.end_at,
+            "limit": self.limit,
+            "catch_up": self.catch_up,
+        }
         try:
-            validate_spec(
-                cron=self.cron,
-                every=self.every_seconds,
-                offset=self.offset_seconds,
-                timezone=self.timezone,
-                start=self.start_at,
-                end=self.end_at,
-                task_path=self.task_path,
-                catch_up=self.catch_up,
-            )
+            declaration_fields(self.name or "?", declaration)
         except InvalidSchedule as exc:
             raise ValidationError(str(exc)) from None
