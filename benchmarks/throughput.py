@@ -121,8 +121,12 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        # The job log references the jobs: PostgreSQL truncates them together or not at all.
-        cursor.execute("TRUNCATE django_jobs_joblog, django_jobs_job, django_jobs_worker")
+        # The tables that reference the jobs (logs, flow dependencies, dedup keys): PostgreSQL
+        # truncates them together or not at all. CASCADE covers tables added later.
+        cursor.execute(
+            "TRUNCATE django_jobs_joblog, django_jobs_dependency, django_jobs_dedup, django_jobs_dedup_next, "
+            "django_jobs_job, django_jobs_worker, django_jobs_schedule, django_jobs_queuestate CASCADE"
+        )
 
 
 def prefill(n: int) -> None:
