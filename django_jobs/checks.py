@@ -109,9 +109,10 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                     )
                 )
     if isinstance(conf.SCHEDULES, dict):
-        from .schedules import InvalidSchedule, declaration_fields
+        from .schedules import InvalidSchedule, declaration_fields, declared_schedules
 
-        for name, declaration in conf.SCHEDULES.items():
+        declared = declared_schedules(backend.alias)
+        for name, declaration in (declared if isinstance(declared, dict) else {}).items():
             try:
                 declaration_fields(name, declaration)
             except InvalidSchedule as exc:

@@ -190,6 +190,20 @@ def unschedule(name: str, *, backend: str = "default") -> bool:
     return bool(deleted)
 
 
+def declared_schedules(backend: str) -> dict[str, Any]:
+    """The schedules declared in code for ``backend``: its ``OPTIONS["SCHEDULES"]``, else (for
+    the ``"default"`` backend only) ``DJANGO_JOBS["SCHEDULES"]``. A global declaration belongs to
+    one backend, so projects with several backends do not fire each tick once per backend."""
+    from django.conf import settings
+
+    from .conf import get_settings
+
+    options = (getattr(settings, "TASKS", {}).get(backend) or {}).get("OPTIONS") or {}
+    if "SCHEDULES" in options:
+        return options["SCHEDULES"] or {}
+    return (get_settings().SCHEDULES or {}) if backend == "default" else {}
+
+
 def sync_schedules(backend: str = "default", now: datetime | None = None) -> dict[str, int]:
     """Bring the code declarations (``SCHEDULES`` of ``backend``) into the table (worker start).
 
@@ -197,10 +211,9 @@ def sync_schedules(backend: str = "default", now: datetime | None = None) -> dic
     the row was edited at run time since (then the runtime edit stays, with a warning). Rows
     declared in code before but not any more are disabled, not deleted (their history stays).
     """
-    from .conf import get_settings
     from .models import Schedule
 
-    declared = get_settings(backend).SCHEDULES or {}
+    declared = declared_schedules(backend)
     using = _database(backend)
     counts = {"created": 0, "updated": 0, "kept_runtime_edit": 0, "disabled": 0}
     now = now or dj_timezone.now()

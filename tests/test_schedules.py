@@ -889,3 +889,16 @@ def test_schedules_that_is_not_a_dict_is_e002():
         messages = django_jobs_messages(checks.run_checks())
     assert "django_jobs.E002" in {m.id for m in messages}
     assert any("SCHEDULES" in m.msg for m in messages)
+
+
+@pytest.mark.django_db
+def test_global_schedules_belong_to_the_default_backend_only():
+    with declared({"nightly": NIGHTLY}):
+        assert schedules.sync_schedules("limited") == {
+            "created": 0,
+            "updated": 0,
+            "kept_runtime_edit": 0,
+            "disabled": 0,
+        }
+        assert schedules.sync_schedules("default")["created"] == 1
+    assert list(Schedule.objects.values_list("backend", "name")) == [("default", "nightly")]

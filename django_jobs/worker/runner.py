@@ -209,14 +209,16 @@ class Worker:
             self._executor.chain_for(backend)  # a broken MIDDLEWARE fails here, not job by job
         except JobsConfigurationError as exc:
             raise InvalidWorkerOption(str(exc)) from None
-        if self.settings.SCHEDULES:
-            from ..schedules import InvalidSchedule, declaration_fields
+        from ..schedules import InvalidSchedule, declaration_fields, declared_schedules
 
-            for name, declaration in self.settings.SCHEDULES.items():
-                try:
-                    declaration_fields(name, declaration)
-                except InvalidSchedule as exc:
-                    raise InvalidWorkerOption(f"SCHEDULES: {exc}") from None
+        declared = declared_schedules(backend)
+        if not isinstance(declared, dict):
+            raise InvalidWorkerOption("SCHEDULES must be a dict of {name: declaration}.")
+        for name, declaration in declared.items():
+            try:
+                declaration_fields(name, declaration)
+            except InvalidSchedule as exc:
+                raise InvalidWorkerOption(f"SCHEDULES: {exc}") from None
         # Attempts of the jobs this worker claimed, from the claim to the end of the attempt: the
         # watchdog reads their deadlines, cancels reach them here (even before they start).
         self._attempts: dict[Any, Attempt] = {}
@@ -339,9 +341,9 @@ class Worker:
                 self._wake.wait(timeout=self.sleep * random.uniform(0.75, 1.25))
 
     def _sync_schedules(self) -> None:
-        from ..schedules import sync_schedules
+        from ..schedules import declared_schedules, sync_schedules
 
-        if self.settings.SCHEDULES:
+        if declared_schedules(self.backend):
             counts = sync_schedules(self.backend)
             if any(counts.values()):
                 logger.info("Worker %s synced schedules: %s", self.worker_id, counts)
