@@ -184,16 +184,8 @@ def insert_job(
         now=now,
     )
     d = Dialect(using)
-    conn = connections[using]
-    wake = job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(conn, queue)
-    params = _insert_params(d, job)
-    if wake:
-        from .conf import get_settings
-
-        params.append(get_settings().NOTIFY_CHANNEL)
-    with conn.cursor() as cursor:
-        cursor.execute(_insert_sql(d.pg, notify=wake), params)
-    _mark_saved(job, using)
+    with connections[using].cursor() as cursor:
+        _insert_new(cursor, d, using, job, wake=True)
     return job
 
 
@@ -782,13 +774,18 @@ def _job_state(cursor: Any, d: Dialect, job_id: uuid.UUID) -> str | None:
 def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = False) -> None:
     """Insert ``job``; with ``wake``, its NOTIFY rides on the INSERT as in :func:`insert_job`."""
     wake = wake and job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(d.connection, job.queue)
+    cursor.execute(*_insert_statement(d, job, wake=wake))
+    _mark_saved(job, using)
+
+
+def _insert_statement(d: Dialect, job: Job, *, wake: bool, once: bool = False) -> tuple[str, list[Any]]:
+    """The INSERT of ``job`` and its parameters; with ``wake``, the NOTIFY rides on it."""
     params = _insert_params(d, job)
     if wake:
         from .conf import get_settings
 
         params.append(get_settings().NOTIFY_CHANNEL)
-    cursor.execute(_insert_sql(d.pg, notify=wake), params)
-    _mark_saved(job, using)
+    return _insert_sql(d.pg, notify=wake, once=once), params
 
 
 def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
@@ -861,13 +858,8 @@ def insert_job_once(
         # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
         # queue, and only for a job that was inserted.
         wake = job.state == JobState.WAITING and d.pg and not conn.in_atomic_block
-        params = _insert_params(d, job)
-        if wake:
-            from .conf import get_settings
-
-            params.append(get_settings().NOTIFY_CHANNEL)
         with conn.cursor() as cursor:
-            cursor.execute(_insert_sql(d.pg, notify=wake, once=True), params)
+            cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
             inserted = cursor.fetchone() is not None
         if inserted:
             _mark_saved(job, using)
@@ -1508,29 +1500,24 @@ def insert_flow(
             jobs[0].parent_id = attach_to
         rows = []
         for fj in jobs:
-            delayed = fj.run_after is not None and fj.run_after > now
-            state = JobState.WAITING_CHILDREN if fj.children else JobState.DELAYED if delayed else JobState.WAITING
-            available_at = fj.run_after if delayed else now
-            rows.append(
-                Job(
-                    id=fj.id,
-                    backend=fj.backend,
-                    queue=fj.queue,
-                    task_path=fj.task_path,
-                    priority=fj.priority,
-                    args=fj.args,
-                    kwargs=fj.kwargs,
-                    max_attempts=fj.max_attempts,
-                    options=fj.options,
-                    state=state,
-                    available_at=available_at,
-                    enqueued_at=now,
-                    seq=ready_seq(available_at, fj.lifo),
-                    parent_id=fj.parent_id,
-                    pending_children=fj.children,
-                    trace_id=fj.trace_id,
-                )
+            job = _new_job(
+                backend=fj.backend,
+                task_path=fj.task_path,
+                queue=fj.queue,
+                priority=fj.priority,
+                args=fj.args,
+                kwargs=fj.kwargs,
+                max_attempts=fj.max_attempts,
+                options=fj.options,
+                run_after=fj.run_after,
+                lifo=fj.lifo,
+                now=now,
+                trace_id=fj.trace_id,
             )
+            job.id, job.parent_id, job.pending_children = fj.id, fj.parent_id, fj.children
+            if fj.children:  # a parent waits for its children, even with a run_after ahead
+                job.state = JobState.WAITING_CHILDREN
+            rows.append(job)
         Job.objects.using(using).bulk_create(rows)
         edges = [
             JobDependency(

@@ -40,6 +40,31 @@ def wait_until(
         time.sleep(interval)
 
 
+def _collect_enqueued(pick: Callable[[dict], object]) -> Iterator[list]:
+    from django.tasks.signals import task_enqueued
+
+    received: list = []
+
+    def receiver(sender, **kwargs):
+        received.append(pick({"sender": sender, **kwargs}))
+
+    task_enqueued.connect(receiver)
+    yield received
+    task_enqueued.disconnect(receiver)
+
+
+@pytest.fixture
+def enqueued_signals() -> Iterator[list]:
+    """The ``task_enqueued`` signals sent during the test, as ``{"sender", **kwargs}`` dicts."""
+    yield from _collect_enqueued(lambda signal: signal)
+
+
+@pytest.fixture
+def enqueued_results() -> Iterator[list]:
+    """The results the ``task_enqueued`` signals sent during the test carry, in order."""
+    yield from _collect_enqueued(lambda signal: signal["task_result"])
+
+
 @pytest.fixture
 def probe(tmp_path) -> str:
     """A JSON-lines file tasks append to (see tests.tasks.record)."""

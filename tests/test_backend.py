@@ -16,7 +16,6 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.tasks import TaskResultStatus, task, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
-from django.tasks.signals import task_enqueued
 from django.test import override_settings
 from django.utils import timezone
 
@@ -39,18 +38,6 @@ def only_job() -> Job:
     jobs = list(Job.objects.all())
     assert len(jobs) == 1, jobs
     return jobs[0]
-
-
-@pytest.fixture
-def enqueued_signals():
-    received: list[dict] = []
-
-    def receiver(sender, **kwargs):
-        received.append({"sender": sender, **kwargs})
-
-    task_enqueued.connect(receiver)
-    yield received
-    task_enqueued.disconnect(receiver)
 
 
 # -- contract and options ------------------------------------------------------------------

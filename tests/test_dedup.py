@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from django.db import connection, transaction
 from django.tasks import TaskResultStatus
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 import django_jobs
@@ -94,19 +93,6 @@ def sweep(now=None) -> dict[str, int]:
     )
 
 
-@pytest.fixture
-def enqueued_signals():
-    """The ``task_enqueued`` signals sent, as the results they carry."""
-    received: list = []
-
-    def receiver(sender, task_result, **kwargs):
-        received.append(task_result)
-
-    task_enqueued.connect(receiver)
-    yield received
-    task_enqueued.disconnect(receiver)
-
-
 def live_jobs():
     return Job.objects.exclude(state__in=[JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED])
 
@@ -177,7 +163,7 @@ def test_using_dedup_false_turns_the_decorators_dedup_off():
 
 @db
 def test_simple_mode_returns_the_unfinished_holder_flagged_duplicate(
-    django_capture_on_commit_callbacks, enqueued_signals
+    django_capture_on_commit_callbacks, enqueued_results
 ):
     task = tasks_dedup.refresh.using(dedup=Dedup("item:1"))
     with django_capture_on_commit_callbacks(execute=True):
@@ -187,7 +173,7 @@ def test_simple_mode_returns_the_unfinished_holder_flagged_duplicate(
     assert second.duplicate and second.id == first.id
     assert second.kwargs == {"version": 1}  # the holder's arguments, untouched
     assert second.status == TaskResultStatus.READY
-    assert [r.id for r in enqueued_signals] == [first.id]  # task_enqueued for the new job only
+    assert [r.id for r in enqueued_results] == [first.id]  # task_enqueued for the new job only
     [job] = Job.objects.all()
     assert job.dedup_key == "item:1"
     assert holder_of("item:1") == job.id
@@ -482,7 +468,7 @@ def test_the_worker_runs_the_sweeper(thread_worker):
 
 
 @db
-def test_enqueue_many_with_a_key_function_deduplicates_each_item(django_capture_on_commit_callbacks, enqueued_signals):
+def test_enqueue_many_with_a_key_function_deduplicates_each_item(django_capture_on_commit_callbacks, enqueued_results):
     with django_capture_on_commit_callbacks(execute=True):
         results = tasks_dedup.sync_user.enqueue_many([(1,), (2,), (1, "email"), (3,), (2,)])
     assert [r.duplicate for r in results] == [False, False, True, False, True]
@@ -490,7 +476,7 @@ def test_enqueue_many_with_a_key_function_deduplicates_each_item(django_capture_
     assert results[2].args == [1]  # the holder's
     assert Job.objects.count() == 3
     assert len({r.trace_id for r in results}) == 1
-    assert [r.id for r in enqueued_signals] == [results[i].id for i in (0, 1, 3)]
+    assert [r.id for r in enqueued_results] == [results[i].id for i in (0, 1, 3)]
     again = tasks_dedup.sync_user.enqueue_many([(3,), (4,)])
     assert [r.duplicate for r in again] == [True, False]
 

@@ -9,7 +9,6 @@ from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from django.tasks.signals import task_enqueued
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -30,30 +29,18 @@ committing = pytest.mark.django_db(transaction=True)
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 
-@pytest.fixture
-def enqueued_signals():
-    received: list = []
-
-    def receiver(sender, task_result, **kwargs):
-        received.append(task_result)
-
-    task_enqueued.connect(receiver)
-    yield received
-    task_enqueued.disconnect(receiver)
-
-
 # -- idempotency keys ------------------------------------------------------------------------
 
 
 @db
-def test_a_second_enqueue_with_the_key_returns_the_first_job(django_capture_on_commit_callbacks, enqueued_signals):
+def test_a_second_enqueue_with_the_key_returns_the_first_job(django_capture_on_commit_callbacks, enqueued_results):
     task = tasks_dedup.refresh.using(idempotency_key="ORDER-2024-001234")
     with django_capture_on_commit_callbacks(execute=True):
         first = task.enqueue(1)
         second = task.enqueue(2)
     assert not first.duplicate
     assert second.duplicate and second.id == first.id and second.args == [1]
-    assert [r.id for r in enqueued_signals] == [first.id]
+    assert [r.id for r in enqueued_results] == [first.id]
     [job] = Job.objects.all()
     assert job.idempotency_key == "ORDER-2024-001234"
 

@@ -76,18 +76,6 @@ def seq_of(job_id) -> int:
     return Job.objects.values_list("seq", flat=True).get(id=job_id)
 
 
-@pytest.fixture
-def enqueued_signals():
-    received: list[dict] = []
-
-    def receiver(sender, **kwargs):
-        received.append({"sender": sender, **kwargs})
-
-    task_enqueued.connect(receiver)
-    yield received
-    task_enqueued.disconnect(receiver)
-
-
 # -- seq ------------------------------------------------------------------------------------
 
 
