@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from .backend import JobCall, call  # noqa: E402 - the public names, importable without settings
 from .dedup import Dedup  # noqa: E402
-from .exceptions import Fail, Retry, Snooze  # noqa: E402
+from .exceptions import Fail, QueueFull, Retry, Snooze  # noqa: E402
 from .flows import Flow, flow  # noqa: E402
 from .queues import queue  # noqa: E402
 from .schedules import schedule, unschedule  # noqa: E402
@@ -15,6 +15,7 @@ __all__ = [
     "Fail",
     "Flow",
     "JobCall",
+    "QueueFull",
     "Retry",
     "Snooze",
     "__version__",

@@ -38,7 +38,7 @@ logger = logging.getLogger("django_jobs.backend")
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
-JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id")
+JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id", "partition")
 
 
 class _JobTaskMeta(type):
@@ -52,7 +52,12 @@ class _JobTaskMeta(type):
                 f"Unknown task option(s) {', '.join(sorted(unknown))}. django-jobs tasks accept: "
                 f"{', '.join(sorted(allowed - {'func', 'run_after'}))} (and run_after in .using())."
             )
-        return super().__call__(*args, **kwargs)
+        task = super().__call__(*args, **kwargs)
+        if task.schedule is not None:
+            from .schedules import register_task_schedule
+
+            register_task_schedule(task)
+        return task
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +77,10 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     ``idempotency_key``: the queue keeps one job per key for as long as the job row exists; a
     second enqueue returns the first job (``duplicate=True``). Meant for ``.using()``.
     ``trace_id``: the job's pipeline id (default: the running job's, or a new one).
+    ``partition``: a key such as ``"customer-456"``: the jobs of one (queue, partition) run one
+    at a time, in enqueue order, on any worker; other partitions run in parallel.
+    ``schedule``: enqueue this task at every tick (``"*/5 * * * *"``, ``timedelta(minutes=5)``
+    or a dict of schedule options); synced by each worker at start like ``SCHEDULES``.
     """
 
     max_attempts: int | None = None
@@ -81,6 +90,10 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     dedup: Dedup | None = None
     idempotency_key: str | None = None
     trace_id: str | None = None
+    partition: str | None = None
+    #: Run this task on a schedule: a cron expression, an interval (seconds or timedelta) or a
+    #: dict of schedule options (docs/howto/schedules.md). Not a per-enqueue option.
+    schedule: Any = None
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None, **options):  # type: ignore[override]
         """A copy of the task with other defaults; accepts the django-jobs options too."""
@@ -195,6 +208,14 @@ def validate_job_options(task: Task) -> None:
     trace_id = getattr(task, "trace_id", None)
     if trace_id is not None:
         validate_trace_id(trace_id)
+    partition = getattr(task, "partition", None)
+    if partition is not None and (
+        not isinstance(partition, str) or not partition or len(partition) > 255 or "\x00" in partition
+    ):
+        raise InvalidTaskOptions(
+            f"partition must be a string of 1-255 characters without NUL, such as 'customer-456' (or None for "
+            f"no partition); got {partition!r}. Derive it from what must run in order, e.g. f'customer-{{id}}'."
+        )
 
 
 def backoff_path(backoff: Any) -> str:
@@ -431,6 +452,7 @@ class JobsBackend(BaseTaskBackend):
             "run_after": task.run_after,
             "lifo": bool(getattr(task, "lifo", False)),
             "trace_id": trace_id,
+            "partition": getattr(task, "partition", None),
         }
 
     def _enqueue_deduplicated(
@@ -513,6 +535,7 @@ class JobsBackend(BaseTaskBackend):
                 now=now,
                 position=len(results),
                 trace_id=trace_id,
+                partition=getattr(task, "partition", None),
             )
             for job_id, (args, kwargs) in zip(ids, payloads, strict=True):
                 results.append(

@@ -55,6 +55,10 @@ class JobsSettings:
     #: Schedules declared in code: {name: {"task": ..., "cron" or "every": ..., ...}}, synced to
     #: the Schedule table when a worker starts (docs/howto/schedules.md).
     SCHEDULES: dict[str, Any] | None = None
+    #: Queue flags and limits declared in code: {queue: {"concurrency": 5, "rate_limit": (20, 1.0),
+    #: "max_size": 10_000, "paused": False, "partition_concurrency": ..., ...}}, synced to the
+    #: QueueState table when a worker starts (docs/howto/queue-control.md).
+    QUEUES: dict[str, Any] | None = None
     #: Seconds after which a schedule's due tick counts as missed (downtime) rather than late;
     #: missed ticks follow the schedule's catch_up policy, late ones all run.
     MISFIRE_GRACE: float = 60.0
@@ -90,6 +94,13 @@ class JobsSettings:
             problems.append("MIDDLEWARE must be a list of dotted paths (strings).")
         if self.SCHEDULES is not None and not isinstance(self.SCHEDULES, dict):
             problems.append("SCHEDULES must be a dict of {name: declaration}.")
+        if self.QUEUES is not None:
+            from .queues import validate_queue_declarations
+
+            try:
+                validate_queue_declarations(self.QUEUES)
+            except JobsConfigurationError as exc:
+                problems.append(str(exc))
         if not _positive(self.MISFIRE_GRACE):
             problems.append("MISFIRE_GRACE must be a positive number of seconds.")
         if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:

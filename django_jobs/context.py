@@ -26,6 +26,8 @@ class JobContext(TaskContext):
     max_attempts: int
     #: The id of this job's parent when it runs as a child in a flow (flows fill it); else None.
     parent_id: str | None = None
+    #: The job's partition (``.using(partition=...)``), or None.
+    partition: str | None = None
     #: The lease this attempt runs under; writes made through the context are guarded on it.
     lease_token: uuid.UUID | None = field(default=None, repr=False)
     database: str = field(default="default", repr=False)

@@ -34,10 +34,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from .db import Dialect
-from .exceptions import InvalidTaskOptions, JobsError
-from .models import Job, JobDependency, JobLog, QueueState, Worker
+from .exceptions import InvalidTaskOptions, JobsError, QueueFull
+from .models import Job, JobDependency, JobLog, JobStart, QueueState, Worker
 from .models.dedup import JobDedup, JobDedupNext
-from .states import FINISHED_STATES, JobState
+from .states import FINISHED_STATES, UNFINISHED_STATES, JobState
 from .tracing import trace_id_for_new_job
 from .uuid7 import uuid7
 
@@ -45,6 +45,10 @@ logger = logging.getLogger("django_jobs.engine")
 
 JOB_TABLE = Job._meta.db_table
 QUEUE_TABLE = QueueState._meta.db_table
+START_TABLE = JobStart._meta.db_table
+#: The unfinished states as an SQL list, spelled as the condition of django_jobs_unfinished_idx
+#: so the planner can use that index.
+UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
 
 # Columns returned by a claim, in order; ClaimedJob mirrors them.
 _CLAIM_COLUMNS = (
@@ -68,6 +72,7 @@ _CLAIM_COLUMNS = (
     "seq",
     "parent_id",
     "trace_id",
+    "partition_key",
 )
 
 
@@ -99,6 +104,8 @@ class ClaimedJob:
     #: The pipeline the job belongs to (``django_jobs.trace``); None only for rows from before
     #: trace ids were stored.
     trace_id: str | None = None
+    #: ``.using(partition=...)``: the jobs of one (queue, partition) run one at a time, in order.
+    partition_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -161,13 +168,16 @@ def insert_job(
     run_after: datetime | None = None,
     lifo: bool = False,
     trace_id: str | None = None,
+    partition: str | None = None,
     now: datetime | None = None,
 ) -> Job:
     """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``).
 
     ``lifo``: the job is claimed before the FIFO jobs of its priority, newest first
     (see :func:`ready_seq`). ``trace_id``: the job's pipeline; ``None``: the running job's, or a
-    new one (:func:`django_jobs.tracing.trace_id_for_new_job`).
+    new one (:func:`django_jobs.tracing.trace_id_for_new_job`). ``partition``: the job runs
+    after the earlier jobs of its (queue, partition) finished. Raises QueueFull when the queue
+    (or partition) has a size limit the job would pass; nothing is inserted then.
     """
     job = _new_job(
         backend=backend,
@@ -181,11 +191,23 @@ def insert_job(
         run_after=run_after,
         lifo=lifo,
         trace_id=trace_id,
+        partition=partition,
         now=now,
     )
     d = Dialect(using)
-    with connections[using].cursor() as cursor:
-        _insert_new(cursor, d, using, job, wake=True)
+    conn = connections[using]
+    wake = job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(conn, job.queue)
+    with conn.cursor() as cursor:
+        # The common case in one statement: the INSERT carries its own "the queue has no size
+        # limit" guard (a primary-key probe), so an unlimited queue pays no extra round trip.
+        cursor.execute(*_insert_statement(d, job, wake=wake, guarded=True))
+        if cursor.rowcount == 1:
+            _mark_saved(job, using)
+            return job
+        if wake and conn.in_atomic_block and not conn.savepoint_ids:
+            _sent_in_transaction(conn).discard(job.queue)  # that NOTIFY went with no row
+        with transaction.atomic(using=using):
+            _insert_new(cursor, d, using, job, wake=True)
     return job
 
 
@@ -206,6 +228,7 @@ def _new_job(
     dedup_key: str | None = None,
     idempotency_key: str | None = None,
     enqueued_at: datetime | None = None,
+    partition: str | None = None,
 ) -> Job:
     """The unsaved row of a new job: waiting, or delayed until ``run_after`` when that is after
     ``now``; ``enqueued_at`` defaults to ``now``."""
@@ -228,6 +251,7 @@ def _new_job(
         trace_id=trace_id_for_new_job(trace_id),
         dedup_key=dedup_key,
         idempotency_key=idempotency_key,
+        partition_key=partition,
     )
 
 
@@ -250,6 +274,7 @@ def _insert_params(d: Dialect, job: Job) -> list[Any]:
         job.trace_id,
         job.dedup_key,
         job.idempotency_key,
+        job.partition_key,
     ]
 
 
@@ -264,13 +289,19 @@ _INSERT_COLUMNS = (
 )
 
 
+#: True for a queue whose enqueues are counted against a size limit (see :func:`_admit`).
+_SIZE_LIMITED = "(max_size IS NOT NULL OR partition_max_size IS NOT NULL)"
+
+
 @functools.cache
-def _insert_sql(pg: bool, notify: bool, once: bool = False) -> str:
+def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False) -> str:
     """The INSERT of :func:`insert_job`, built once per vendor: enqueue is a hot path and
     compiling Django's 32-column insert costs more than the database's work.
 
     ``once``: the idempotency-key insert (:func:`insert_job_once`): nothing is inserted when the
     queue has a job with that key, and the new id is returned when one is.
+    ``guarded``: nothing is inserted when the queue has a size limit (one more parameter, the
+    queue's name, after the row's): the caller then admits the job under the queue's lock.
     """
 
     def cast(t: str) -> str:
@@ -278,9 +309,14 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False) -> str:
 
     values = ", ".join(
         [cast("uuid"), "%s", "%s", "%s", cast("jsonb"), cast("jsonb"), "%s", "%s", cast("timestamptz"),
-         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s"]
+         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s", "%s"]
     )  # fmt: skip
-    sql = f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, dedup_key, idempotency_key) VALUES ({values})"
+    columns = f"{_INSERT_COLUMNS}, trace_id, dedup_key, idempotency_key, partition_key"
+    if guarded:
+        unlimited = f"NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} WHERE name = %s AND {_SIZE_LIMITED})"
+        sql = f"INSERT INTO {JOB_TABLE} ({columns}) SELECT {values} WHERE {unlimited}"
+    else:
+        sql = f"INSERT INTO {JOB_TABLE} ({columns}) VALUES ({values})"
     if once:
         # The conflict target names the partial unique index django_jobs_idempotency_key, WHERE
         # included (both vendors need it to infer a partial index).
@@ -302,7 +338,7 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False) -> str:
 #: statement's SQL and parameters stay around 100 KiB however many jobs the caller sends.
 INSERT_CHUNK = 500
 _MANY_ROW_PARAMS = 4  # id, args, kwargs, seq: what differs between the jobs of one batch
-_MANY_SHARED_PARAMS = 10  # the rest, bound once per statement
+_MANY_SHARED_PARAMS = 11  # the rest, bound once per statement
 
 
 def _insert_many_sql(pg: bool, n: int) -> str:
@@ -321,11 +357,11 @@ def _insert_many_sql(pg: bool, n: int) -> str:
     row = f"({cast('uuid')}, {cast('jsonb')}, {cast('jsonb')}, %s)"
     shared = ", ".join(
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
-         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s"]
+         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s"]
     )  # fmt: skip
     return (
         f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}) "
-        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id) SELECT {shared} FROM v"
+        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, partition_key) SELECT {shared} FROM v"
     )
 
 
@@ -356,6 +392,7 @@ def insert_jobs(
     now: datetime,
     position: int = 0,
     trace_id: str | None = None,
+    partition: str | None = None,
 ) -> list[uuid.UUID]:
     """Insert jobs of one task in the caller's transaction, one multi-row INSERT per
     :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows``.
@@ -367,6 +404,9 @@ def insert_jobs(
     share a seq and keep their order by id; LIFO jobs get ``seq - position`` so the last one
     given runs first, as if each were enqueued a microsecond after the one before it.
     ``trace_id``: shared by every job (``None``: the running job's, or a new one).
+    ``partition``: shared by every job. Raises QueueFull (call inside a savepoint: nothing of
+    the batch may stay) when the queue or partition has a size limit that ``position`` +
+    ``len(rows)`` jobs would pass.
 
     Sends no NOTIFY: the caller wakes workers once per batch with :func:`notify`.
     """
@@ -391,10 +431,12 @@ def insert_jobs(
         max_attempts,
         d.dt(now),
         trace_id_for_new_job(trace_id),
+        partition,
     ]
     ids = [uuid7() for _ in rows]
     per_statement = _rows_per_statement(conn)
     with conn.cursor() as cursor:
+        _admit(cursor, d, queue, {partition: len(rows)}, batch_before=position)
         for start in range(0, len(rows), per_statement):
             part = rows[start : start + per_statement]
             params: list[Any] = []
@@ -500,6 +542,7 @@ def enqueue_deduplicated(
     run_after: datetime | None = None,
     lifo: bool = False,
     trace_id: str | None = None,
+    partition: str | None = None,
     notify_workers: bool = True,
     now: datetime | None = None,
 ) -> DedupOutcome:
@@ -543,6 +586,7 @@ def enqueue_deduplicated(
             now=now,
             trace_id=trace_id,
             dedup_key=key,
+            partition=partition,
         )
         with transaction.atomic(using=using), conn.cursor() as cursor:
             outcome = _enqueue_dedup_try(
@@ -772,20 +816,96 @@ def _job_state(cursor: Any, d: Dialect, job_id: uuid.UUID) -> str | None:
 
 
 def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = False) -> None:
-    """Insert ``job``; with ``wake``, its NOTIFY rides on the INSERT as in :func:`insert_job`."""
+    """Insert ``job`` after :func:`_admit` let it in (call inside a transaction); with ``wake``,
+    its NOTIFY rides on the INSERT as in :func:`insert_job`."""
     wake = wake and job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(d.connection, job.queue)
+    _admit(cursor, d, job.queue, {job.partition_key: 1})
     cursor.execute(*_insert_statement(d, job, wake=wake))
     _mark_saved(job, using)
 
 
-def _insert_statement(d: Dialect, job: Job, *, wake: bool, once: bool = False) -> tuple[str, list[Any]]:
+def _insert_statement(
+    d: Dialect, job: Job, *, wake: bool, once: bool = False, guarded: bool = False
+) -> tuple[str, list[Any]]:
     """The INSERT of ``job`` and its parameters; with ``wake``, the NOTIFY rides on it."""
     params = _insert_params(d, job)
+    if guarded:
+        params.append(job.queue)
     if wake:
         from .conf import get_settings
 
         params.append(get_settings().NOTIFY_CHANNEL)
-    return _insert_sql(d.pg, notify=wake, once=once), params
+    return _insert_sql(d.pg, notify=wake, once=once, guarded=guarded), params
+
+
+def _queue_size_limited(using: str, queue: str) -> bool:
+    return (
+        QueueState.objects.using(using)
+        .filter(name=queue)
+        .filter(models.Q(max_size__isnull=False) | models.Q(partition_max_size__isnull=False))
+        .exists()
+    )
+
+
+def _lock_queue(cursor: Any, d: Dialect, queue: str, columns: str, where: str = "") -> tuple[Any, ...] | None:
+    """Lock ``queue``'s QueueState row until the transaction ends and return ``columns`` of it;
+    None when the queue has no row (or it does not match ``where``, then nothing is locked).
+
+    PostgreSQL: ``SELECT ... FOR UPDATE``. SQLite has no row locks: an UPDATE that changes
+    nothing takes the database's write lock, which the transaction keeps (and, being a write
+    first, waits for the lock instead of failing to upgrade a read).
+    """
+    extra = f" AND {where}" if where else ""
+    if d.pg:
+        cursor.execute(f"SELECT {columns} FROM {QUEUE_TABLE} WHERE name = %s{extra} FOR UPDATE", [queue])
+    else:
+        cursor.execute(f"UPDATE {QUEUE_TABLE} SET name = name WHERE name = %s{extra} RETURNING {columns}", [queue])
+    return cursor.fetchone()
+
+
+def _count_unfinished(cursor: Any, queue: str, partition: str | None, cap: int) -> int:
+    """Unfinished jobs of ``queue`` (of one ``partition``), counting no further than ``cap``:
+    an index range of django_jobs_unfinished_idx, bounded by the limit it is checked against."""
+    where, params = "queue = %s", [queue]
+    if partition is not None:
+        where += " AND partition_key = %s"
+        params.append(partition)
+    cursor.execute(
+        f"SELECT COUNT(*) FROM (SELECT 1 FROM {JOB_TABLE} WHERE {where} AND state IN {UNFINISHED_SQL} LIMIT %s) s",
+        [*params, cap],
+    )
+    return cursor.fetchone()[0]
+
+
+def _admit(cursor: Any, d: Dialect, queue: str, adding: dict[str | None, int], *, batch_before: int = 0) -> None:
+    """Raise QueueFull when ``adding`` (``{partition or None: new jobs}``) would take ``queue``
+    or one of its partitions past its max size. Call inside a transaction, before the INSERT.
+
+    A queue without a size limit costs one primary-key probe and locks nothing. A limited one
+    is locked (:func:`_lock_queue`) until the caller's transaction ends, so concurrent enqueuers
+    count one after another and each sees the jobs the one before it committed: the size never
+    passes the limit, however many processes enqueue. ``batch_before``: jobs of the same batch
+    this transaction already inserted (they are counted in the size; the message names them).
+    """
+    row = _lock_queue(cursor, d, queue, "max_size, partition_max_size", _SIZE_LIMITED)
+    if row is None:
+        return
+    max_size, partition_max = row
+    total = sum(adding.values())
+    if max_size is not None:
+        size = _count_unfinished(cursor, queue, None, max_size)
+        if size + total > max_size:
+            raise QueueFull(queue=queue, size=size - batch_before, limit=max_size, adding=total + batch_before)
+    if partition_max is not None:
+        for partition, n in adding.items():
+            if partition is None:
+                continue
+            size = _count_unfinished(cursor, queue, partition, partition_max)
+            if size + n > partition_max:
+                raise QueueFull(
+                    queue=queue, partition=partition, size=size - batch_before, limit=partition_max,
+                    adding=n + batch_before,
+                )  # fmt: skip
 
 
 def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
@@ -801,6 +921,7 @@ def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
         "run_after": job.available_at.isoformat() if delayed else None,
         "lifo": job.seq < 0,
         "trace_id": job.trace_id,
+        "partition": job.partition_key,
         "ttl": ttl,
         "enqueued_at": job.enqueued_at.isoformat(),
     }
@@ -828,6 +949,7 @@ def insert_job_once(
     run_after: datetime | None = None,
     lifo: bool = False,
     trace_id: str | None = None,
+    partition: str | None = None,
     now: datetime | None = None,
 ) -> tuple[Job, bool]:
     """Insert a job unless ``queue`` (of ``backend``) has one with ``idempotency_key``; return
@@ -854,13 +976,25 @@ def insert_job_once(
             now=now,
             trace_id=trace_id,
             idempotency_key=idempotency_key,
+            partition=partition,
         )
         # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
         # queue, and only for a job that was inserted.
         wake = job.state == JobState.WAITING and d.pg and not conn.in_atomic_block
         with conn.cursor() as cursor:
-            cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
+            cursor.execute(*_insert_statement(d, job, wake=wake, once=True, guarded=True))
             inserted = cursor.fetchone() is not None
+        if not inserted and _queue_size_limited(using, queue):
+            # The guard refused it: a limited queue admits under its lock (a duplicate first).
+            with conn.cursor() as cursor:
+                found = _read_job(cursor, d, using, "backend = %s AND queue = %s AND idempotency_key = %s",
+                                  [backend, queue, idempotency_key])  # fmt: skip
+            if found is not None:
+                return found, False
+            with transaction.atomic(using=using), conn.cursor() as cursor:
+                _admit(cursor, d, queue, {job.partition_key: 1})
+                cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
+                inserted = cursor.fetchone() is not None
         if inserted:
             _mark_saved(job, using)
             if job.state == JobState.WAITING and not wake:
@@ -902,8 +1036,12 @@ def promote_dedup_stashes(*, using: str, limit: int, backend: str | None = None,
     woken: set[str] = set()
     promoted = 0
     for cand_backend, queue, key in candidates:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            job = _promote_stash(cursor, d, using, cand_backend, queue, key, now)
+        try:
+            with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                job = _promote_stash(cursor, d, using, cand_backend, queue, key, now)
+        except QueueFull as exc:
+            logger.warning("Dedup key %r: its stashed enqueue waits, %s", key, exc)
+            continue
         if job is not None:
             promoted += 1
             logger.info("Dedup key %r of queue %r: its stashed enqueue is job %s.", key, queue, job.id)
@@ -942,6 +1080,7 @@ def _promote_stash(
         trace_id=p.get("trace_id"),
         dedup_key=key,
         enqueued_at=datetime.fromisoformat(p["enqueued_at"]) if p.get("enqueued_at") else None,
+        partition=p.get("partition"),
     )
     expire_sql, expire_params = _dedup_expiry(d, p.get("ttl"), now)
     if held is not None:
@@ -1010,57 +1149,56 @@ def delete_expired_dedup_keys(
 # -- claim ----------------------------------------------------------------------------------
 
 
-def claim_jobs(
-    *,
-    using: str,
-    queues: list[str] | None,
-    limit: int,
-    worker_id: str,
-    lease_seconds: float,
-    backend: str | None = None,
-    job_ids: list[uuid.UUID] | None = None,
-    now: datetime | None = None,
-) -> list[ClaimedJob]:
-    """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``;
-    with ``backend``, only jobs enqueued through that TASKS alias.
+#: A queue whose claims take its lock (:func:`claim_gated_jobs`): the fast claim skips its jobs.
+_GATED_SQL = (
+    "(q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL OR q.partition_rate_limit IS NOT NULL "
+    "OR COALESCE(q.partition_concurrency, 1) > 1)"
+)
 
-    One statement: select the ready ids in claim order, locking only those rows and skipping
-    rows another worker holds (``FOR UPDATE SKIP LOCKED``; on SQLite the statement holds the
-    database write lock instead), and mark them active with a fresh lease token and an expiry
-    of database time + ``lease_seconds``. It commits before any user code runs.
+
+def _partition_free(concurrency: int) -> str:
+    """The claim condition of a partitioned candidate ``j`` (always true without a partition).
+
+    ``concurrency`` 1: no earlier job of its (queue, partition) is unfinished (so partitions run
+    in order: a failed job waiting for its retry blocks the ones after it) and none is running
+    (a job whose enqueue committed after a later one started must not run beside it). Each is
+    one probe of a partial index (django_jobs_unfinished_idx, django_jobs_active_queue_idx).
+    Exact without a lock: "unfinished" only shrinks, so a job every snapshot sees as blocked
+    stays blocked until its predecessors are committed as finished.
+
+    Above 1: ``j`` is among the first ``concurrency`` unfinished jobs of its partition and
+    fewer than ``concurrency`` run (order is then no longer guaranteed).
     """
-    if limit <= 0:
-        return []
-    d = Dialect(using)
+    same = "p.queue = j.queue AND p.partition_key = j.partition_key"
+    earlier = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state IN {UNFINISHED_SQL} AND p.id < j.id"
+    running = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state = 'active'"
+    if concurrency == 1:
+        return f"(j.partition_key IS NULL OR (NOT EXISTS ({earlier}) AND NOT EXISTS ({running})))"
+    return (
+        f"(j.partition_key IS NULL OR ((SELECT COUNT(*) FROM ({earlier} LIMIT {concurrency}) e) < {concurrency} "
+        f"AND (SELECT COUNT(*) FROM ({running} LIMIT {concurrency}) r) < {concurrency}))"
+    )
+
+
+def _claim_statement(
+    d: Dialect,
+    *,
+    now: datetime | None,
+    lease_seconds: float,
+    worker_id: str,
+    where: list[str],
+    where_params: list[Any],
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """The claim: select the ready ids matching ``where`` (about candidate ``j``) in claim
+    order, locking only those rows and skipping rows another worker holds (``FOR UPDATE SKIP
+    LOCKED``; on SQLite the statement holds the database write lock instead), and mark them
+    active with a fresh lease token and an expiry of database time + ``lease_seconds``."""
     now_sql, now_params = d.now(now)
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
-    where = ["state = 'waiting'"]
-    where_params: list[Any] = []
-    # One queue: an equality, so the database walks django_jobs_ready_queue_idx in claim order.
-    # All queues: it walks django_jobs_ready_idx in claim order. Several: the planner's choice.
-    if queues and len(queues) == 1:
-        where.append("queue = %s")
-        where_params.append(queues[0])
-    elif queues:
-        sql, params = d.in_list("queue", queues)
-        where.append(sql)
-        where_params += params
-    if backend is not None:
-        where.append("backend = %s")
-        where_params.append(backend)
-    if job_ids is not None:  # the test kit runs one given job
-        if not job_ids:
-            return []
-        sql, params = d.in_list("id", [d.uuid(j) for j in job_ids])
-        where.append(sql)
-        where_params += params
-    else:
-        # Paused queues are skipped here, in the claim itself: a pause holds for every worker
-        # from the moment it commits (a primary-key probe of a small table per candidate row).
-        where.append(f"NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} q WHERE q.name = {JOB_TABLE}.queue AND q.paused)")
     select_ids = (
-        f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(where)} "
-        f"ORDER BY priority DESC, seq, id LIMIT %s {d.skip_locked()}"
+        f"SELECT j.id FROM {JOB_TABLE} j WHERE j.state = 'waiting' AND {' AND '.join(where or ['1 = 1'])} "
+        f"ORDER BY j.priority DESC, j.seq, j.id LIMIT %s {d.skip_locked()}"
     )
     returning = ", ".join(_CLAIM_COLUMNS)
     sql = (
@@ -1070,7 +1208,28 @@ def claim_jobs(
         f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
         f"WHERE {d.id_in(select_ids)} AND state = 'waiting' RETURNING {returning}"
     )
-    params = [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
+    return sql, [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
+
+
+def _queue_scope(d: Dialect, queues: list[str] | None, backend: str | None) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    # One queue: an equality, so the database walks django_jobs_ready_queue_idx in claim order.
+    # All queues: it walks django_jobs_ready_idx in claim order. Several: the planner's choice.
+    if queues and len(queues) == 1:
+        where.append("j.queue = %s")
+        params.append(queues[0])
+    elif queues:
+        sql, in_params = d.in_list("j.queue", queues)
+        where.append(sql)
+        params += in_params
+    if backend is not None:
+        where.append("j.backend = %s")
+        params.append(backend)
+    return where, params
+
+
+def _run_claim(d: Dialect, using: str, sql: str, params: list[Any]) -> list[ClaimedJob]:
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -1080,9 +1239,172 @@ def claim_jobs(
     return jobs
 
 
+def claim_jobs(
+    *,
+    using: str,
+    queues: list[str] | None,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    backend: str | None = None,
+    job_ids: list[uuid.UUID] | None = None,
+    skip_gated: bool = True,
+    now: datetime | None = None,
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``;
+    with ``backend``, only jobs enqueued through that TASKS alias.
+
+    One statement (:func:`_claim_statement`), committed before any user code runs. It skips
+    paused queues and queues with a concurrency or rate limit (:func:`claim_gated_jobs` claims
+    those under their lock), and a partitioned job until it is its partition's turn.
+    ``job_ids``: the test kit runs the given jobs, whatever their queue's flags.
+    ``skip_gated=False``: the test kit's drain, one job at a time, claims limited queues too.
+    """
+    if limit <= 0:
+        return []
+    d = Dialect(using)
+    where, where_params = _queue_scope(d, queues, backend)
+    if job_ids is not None:
+        if not job_ids:
+            return []
+        sql, params = d.in_list("j.id", [d.uuid(j) for j in job_ids])
+        where.append(sql)
+        where_params += params
+    else:
+        # Paused and gated queues are skipped here, in the claim itself: a pause or a limit holds
+        # for every worker from the moment it commits (a primary-key probe of a small table).
+        skipped = f"(q.paused OR {_GATED_SQL})" if skip_gated else "q.paused"
+        where.append(f"NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} q WHERE q.name = j.queue AND {skipped})")
+        where.append(_partition_free(1))
+    sql, params = _claim_statement(
+        d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
+        limit=limit,
+    )  # fmt: skip
+    return _run_claim(d, using, sql, params)
+
+
+def gated_queues(*, using: str, queues: list[str] | None) -> list[str]:
+    """The queues among ``queues`` (None: all) with a concurrency or rate limit, not paused."""
+    d = Dialect(using)
+    where, params = f"NOT q.paused AND {_GATED_SQL}", []
+    if queues:
+        sql, params = d.in_list("q.name", queues)
+        where += f" AND {sql}"
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT q.name FROM {QUEUE_TABLE} q WHERE {where} ORDER BY q.name", params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+_GATE_COLUMNS = (
+    "paused, concurrency_limit, rate_limit, rate_window_seconds, partition_concurrency, partition_rate_limit, "
+    "partition_rate_window_seconds"
+)
+
+
+def claim_gated_jobs(
+    *,
+    using: str,
+    queue: str,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    backend: str | None = None,
+    now: datetime | None = None,
+) -> tuple[list[ClaimedJob], float | None]:
+    """Claim up to ``limit`` jobs of ``queue``, which has a concurrency or rate limit; return
+    them and, when a rate limit held some back, the seconds until its window lets one more start.
+
+    One transaction holding the queue's row lock, so the claims of one queue run one after
+    another across every worker and each counts what the one before it committed:
+
+    * concurrency: at most ``concurrency_limit - running`` more;
+    * rate: the start log (JobStart) keeps one row per start for one window; at most
+      ``rate_limit`` minus the starts of the last ``rate_window_seconds`` more. A sliding window:
+      no span of that length ever holds more starts than the limit;
+    * per partition: the partition condition with ``partition_concurrency``; with a partition
+      rate limit, a partition's starts in its window must stay under it, one job per partition
+      per claim so the count cannot be passed within the statement.
+
+    The time is read after the lock is held (PostgreSQL: ``clock_timestamp()``) and used for the
+    window, the start log and the jobs' ``last_attempted_at``: the claims of a queue then carry
+    increasing times, which is what makes the sliding window exact.
+    """
+    if limit <= 0:
+        return [], None
+    d = Dialect(using)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        row = _lock_queue(cursor, d, queue, _GATE_COLUMNS)
+        if row is None or row[0]:
+            return [], None
+        _, concurrency, rate, window, part_conc, part_rate, part_window = row
+        if now is None:
+            if d.pg:
+                cursor.execute("SELECT clock_timestamp()")
+                now = cursor.fetchone()[0]
+            else:
+                now = timezone.now()
+        n, wake = limit, None
+        if concurrency is not None:
+            cursor.execute(f"SELECT COUNT(*) FROM {JOB_TABLE} WHERE queue = %s AND state = 'active'", [queue])
+            n = min(n, concurrency - cursor.fetchone()[0])
+        if rate is not None:
+            since = now - timedelta(seconds=window)
+            cursor.execute(
+                f"DELETE FROM {START_TABLE} WHERE queue = %s AND partition_key = '' AND started_at <= %s",
+                [queue, d.dt(since)],
+            )
+            cursor.execute(
+                f"SELECT COUNT(*), MIN(started_at) FROM {START_TABLE} WHERE queue = %s AND partition_key = ''",
+                [queue],
+            )
+            count, oldest = cursor.fetchone()
+            if count >= rate:
+                wake = (d.to_dt(oldest) + timedelta(seconds=window) - now).total_seconds()
+            n = min(n, rate - count)
+        if n <= 0:
+            return [], wake
+        where, where_params = _queue_scope(d, [queue], backend)
+        where.append(_partition_free(part_conc or 1))
+        if part_rate is not None:
+            part_since = now - timedelta(seconds=part_window)
+            cursor.execute(
+                f"DELETE FROM {START_TABLE} WHERE queue = %s AND partition_key <> '' AND started_at <= %s",
+                [queue, d.dt(part_since)],
+            )
+            where.append(
+                f"(j.partition_key IS NULL OR ((SELECT COUNT(*) FROM {START_TABLE} s WHERE s.queue = j.queue "
+                f"AND s.partition_key = j.partition_key) < %s AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} p "
+                f"WHERE p.queue = j.queue AND p.partition_key = j.partition_key AND p.state = 'waiting' "
+                f"AND p.id < j.id)))"
+            )
+            where_params.append(part_rate)
+        sql, params = _claim_statement(
+            d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
+            limit=n,
+        )  # fmt: skip
+        jobs = _run_claim(d, using, sql, params)
+        starts = [(queue, "") for _ in jobs] if rate is not None else []
+        if part_rate is not None:
+            starts += [(queue, j.partition_key) for j in jobs if j.partition_key is not None]
+        if starts:
+            JobStart.objects.using(using).bulk_create(
+                [JobStart(queue=q, partition_key=p, started_at=now) for q, p in starts]
+            )
+        if part_rate is not None and len(jobs) < n:
+            # Partitions held back by their rate: wake when the oldest of their starts leaves.
+            cursor.execute(
+                f"SELECT MIN(started_at) FROM {START_TABLE} WHERE queue = %s AND partition_key <> ''", [queue]
+            )
+            oldest = cursor.fetchone()[0]
+            if oldest is not None:
+                part_wake = (d.to_dt(oldest) + timedelta(seconds=part_window) - now).total_seconds()
+                wake = part_wake if wake is None else min(wake, part_wake)
+    return jobs, wake
+
+
 def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
     (jid, backend, queue, path, args, kwargs, prio, attempts, max_attempts, options, token,
-     enq, started, last, avail, errors, worker_ids, seq, parent, trace_id) = row  # fmt: skip
+     enq, started, last, avail, errors, worker_ids, seq, parent, trace_id, partition) = row  # fmt: skip
     return ClaimedJob(
         id=d.to_uuid(jid),
         backend=backend,
@@ -1104,6 +1426,7 @@ def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
         seq=seq,
         parent_id=d.to_uuid(parent) if parent is not None else None,
         trace_id=trace_id,
+        partition_key=partition,
     )
 
 
@@ -1460,6 +1783,7 @@ class FlowJob:
     #: How many children it waits for (0: a leaf, ready at once).
     children: int
     trace_id: str | None = None
+    partition: str | None = None
 
 
 class FlowParentNotWaiting(Exception):  # noqa: N818 - translated to InvalidFlow by the caller
@@ -1513,11 +1837,19 @@ def insert_flow(
                 lifo=fj.lifo,
                 now=now,
                 trace_id=fj.trace_id,
+                partition=fj.partition,
             )
             job.id, job.parent_id, job.pending_children = fj.id, fj.parent_id, fj.children
             if fj.children:  # a parent waits for its children, even with a run_after ahead
                 job.state = JobState.WAITING_CHILDREN
             rows.append(job)
+        adding: dict[str, dict[str | None, int]] = {}
+        for job in rows:
+            per_queue = adding.setdefault(job.queue, {})
+            per_queue[job.partition_key] = per_queue.get(job.partition_key, 0) + 1
+        with connections[using].cursor() as cursor:
+            for queue in sorted(adding):  # one lock order, so two flows cannot deadlock on them
+                _admit(cursor, Dialect(using), queue, adding[queue])
         Job.objects.using(using).bulk_create(rows)
         edges = [
             JobDependency(
@@ -1719,7 +2051,14 @@ def advance_schedule(
             return False
         if job is not None:
             job.seq = ready_seq(job.available_at, bool(job.options.get("lifo")))
-            Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
+            try:
+                with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                    _admit(cursor, Dialect(using), job.queue, {job.partition_key: 1})
+                    Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
+            except QueueFull as exc:
+                # Backpressure wins over the schedule: this tick is skipped, the next one tries.
+                logger.warning("Schedule %s: the job of its tick %s was not enqueued: %s", schedule_id, due, exc)
+                job = None
     if job is not None and job.state == JobState.WAITING:
         notify(using, [job.queue])
     return True
@@ -1733,6 +2072,38 @@ def set_queue_paused(*, using: str, queue: str, paused: bool) -> None:
     QueueState.objects.using(using).update_or_create(name=queue, defaults={"paused": paused})
     if not paused:
         notify(using, [queue])  # wake the workers that skipped it
+
+
+def update_queue_state(*, using: str, queue: str, changes: dict[str, Any]) -> None:
+    """Write ``changes`` (validated QueueState columns) to ``queue``'s row, creating it; a removed
+    rate limit drops its start log. Wakes the queue's workers: a loosened limit lets jobs start."""
+    if not changes:
+        return
+    with transaction.atomic(using=using):
+        QueueState.objects.using(using).update_or_create(name=queue, defaults=changes)
+        starts = JobStart.objects.using(using).filter(queue=queue)
+        if "rate_limit" in changes and changes["rate_limit"] is None:
+            starts.filter(partition_key="").delete()
+        if "partition_rate_limit" in changes and changes["partition_rate_limit"] is None:
+            starts.exclude(partition_key="").delete()
+    notify(using, [queue])
+
+
+def sync_queue_declaration(*, using: str, queue: str, declared: dict[str, Any]) -> bool:
+    """Apply a settings declaration of ``queue`` (QueueState columns): write the columns whose
+    declared value differs from the one declared last time, and columns declared last time but
+    not now (back to their default); remember the declaration. True when anything was written."""
+    defaults = {f.name: f.get_default() for f in QueueState._meta.concrete_fields}
+    with transaction.atomic(using=using):
+        row, _ = QueueState.objects.using(using).select_for_update().get_or_create(name=queue)
+        before = row.declared or {}
+        changes = {k: v for k, v in declared.items() if k not in before or before[k] != v}
+        changes.update({k: defaults[k] for k in before if k not in declared and k in defaults})
+        if not changes and before == declared:
+            return False
+        QueueState.objects.using(using).filter(name=queue).update(declared=declared)
+    update_queue_state(using=using, queue=queue, changes=changes)
+    return bool(changes)
 
 
 def is_queue_paused(*, using: str, queue: str) -> bool:

@@ -71,6 +71,32 @@ class ChildFailed(JobsError):
     """A child of this flow job failed, and its failure_policy "fail" failed the parent too."""
 
 
+class QueueFull(JobsError):
+    """The queue (or partition) holds as many unfinished jobs as its max size; nothing was
+    enqueued. Wait for workers to catch up, or raise the limit."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        queue: str = "",
+        size: int = 0,
+        limit: int = 0,
+        adding: int = 1,
+        partition: str | None = None,
+    ):
+        self.queue, self.size, self.limit, self.adding, self.partition = queue, size, limit, adding, partition
+        if message is None:
+            where = f"Partition {partition!r} of queue {queue!r}" if partition is not None else f"Queue {queue!r}"
+            what = "this job" if adding == 1 else f"these {adding} jobs"
+            message = (
+                f"{where} is full: {size} unfinished job(s), max size {limit}; {what} would pass it, so nothing "
+                "was enqueued. Retry later (workers free room as jobs finish), or raise the limit with "
+                f"django_jobs.queue({queue!r}).set_{'partition_' if partition is not None else ''}max_size(...)."
+            )
+        super().__init__(message)
+
+
 class DatabaseUnavailable(JobsError):
     """The database could not be reached."""
 

@@ -117,7 +117,7 @@ def _enqueue(root: Flow, parent: Any) -> Any:
     jobs: list[engine.FlowJob] = []
     tasks: list[Task] = []
     trace_id = _trace_id_for(root.task)
-    _walk(root, None, 1, [], set(), backend, jobs, tasks, trace_id)
+    _walk(root, None, 1, [], set(), backend, jobs, tasks, trace_id, frozenset())
     using = backend.database
     try:
         with transaction.atomic(using=using):
@@ -154,6 +154,7 @@ def _walk(
     jobs: list[Any],
     tasks: list[Task],
     trace_id: str | None,
+    ancestors: frozenset[tuple[str, str]],
 ) -> None:
     from . import engine
 
@@ -185,6 +186,15 @@ def _walk(
         args, kwargs = backend._check_payload(node.args, node.kwargs)
     except (InvalidTask, JobsError) as exc:  # name the node, keep the exception class
         raise type(exc)(f"{where} ({task.module_path}): {exc}") from None
+    partition = getattr(task, "partition", None)
+    if partition is not None and (task.queue_name, partition) in ancestors:
+        raise InvalidFlow(
+            f"{where} ({task.module_path}) is in partition {partition!r} of queue {task.queue_name!r}, like one of its "
+            "parents: the parent waits for the child and the partition's order makes the child wait for the parent. "
+            "Put the children in another partition (or none)."
+        )
+    if partition is not None:
+        ancestors = ancestors | {(task.queue_name, partition)}
     max_attempts, options = backend._job_fields(task)
     job_id = uuid7()
     jobs.append(
@@ -204,11 +214,12 @@ def _walk(
             failure_policy=node.failure_policy,
             children=len(node.children),
             trace_id=trace_id,
+            partition=partition,
         )
     )
     tasks.append(task)
     for i, child in enumerate(node.children):
-        _walk(child, job_id, depth + 1, [*path, i], seen, backend, jobs, tasks, trace_id)
+        _walk(child, job_id, depth + 1, [*path, i], seen, backend, jobs, tasks, trace_id, ancestors)
 
 
 def _parent_id(parent: Any) -> uuid.UUID:

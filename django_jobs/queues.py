@@ -1,27 +1,104 @@
-"""Queue control: ``django_jobs.queue("emails")`` pauses and resumes a queue, counts its jobs and
-removes them. See docs/howto/queue-control.md.
+"""Queue control: ``django_jobs.queue("emails")`` pauses and resumes a queue, limits how many of
+its jobs run at once, how fast they start and how many may wait, counts its jobs and removes
+them; ``DJANGO_JOBS["QUEUES"]`` declares the same in settings. See docs/howto/queue-control.md,
+rate-and-concurrency-limits.md, partitions.md and backpressure.md.
 
-Concurrency, rate and size limits of a queue arrive with the rest of the queue-control work;
-``QueueState`` already has their columns.
+The limits are stored on the queue's QueueState row, which every worker reads in its claim, so a
+change holds for every worker and host from the moment it commits.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from .exceptions import JobsError
+from .exceptions import JobsConfigurationError, JobsError
 
-__all__ = ["QueueBusy", "QueueControl", "queue"]
+__all__ = ["InvalidQueueSetting", "QueueBusy", "QueueControl", "QueueLimits", "queue", "sync_queues"]
 
 CLEANABLE_STATES = ("completed", "failed", "cancelled")
 
 
 class QueueBusy(JobsError):
     """The queue has running jobs; pass force=True to remove them anyway."""
+
+
+class InvalidQueueSetting(JobsError, ValueError):
+    """A queue limit has an invalid value."""
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """A queue's flags and limits as stored (None: no limit)."""
+
+    paused: bool = False
+    concurrency: int | None = None
+    #: ``(max_jobs, per_seconds)``
+    rate_limit: tuple[int, float] | None = None
+    max_size: int | None = None
+    #: None means 1: one job of a partition at a time, in order.
+    partition_concurrency: int | None = None
+    partition_rate_limit: tuple[int, float] | None = None
+    partition_max_size: int | None = None
+
+
+#: The keys of a DJANGO_JOBS["QUEUES"] declaration.
+DECLARABLE = (
+    "paused",
+    "concurrency",
+    "rate_limit",
+    "max_size",
+    "partition_concurrency",
+    "partition_rate_limit",
+    "partition_max_size",
+)
+
+
+def _count(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidQueueSetting(f"{what} must be an integer >= 1, or None to remove the limit; got {value!r}.")
+    return value
+
+
+def _rate(value: Any, what: str) -> tuple[int, float] | None:
+    """``None`` or ``(max_jobs, per_seconds)``, validated."""
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise InvalidQueueSetting(
+            f"{what} must be (max_jobs, per_seconds), such as (20, 1.0), or None to remove it; got {value!r}."
+        )
+    max_jobs, per = value
+    _count(max_jobs, f"{what}: max_jobs")
+    if not isinstance(per, (int, float)) or isinstance(per, bool) or not math.isfinite(per) or per <= 0:
+        raise InvalidQueueSetting(f"{what}: per_seconds must be a number of seconds > 0; got {per!r}.")
+    return int(max_jobs), float(per)
+
+
+def _columns(**limits: Any) -> dict[str, Any]:
+    """QueueState columns for validated ``limits`` (keys of :data:`DECLARABLE`)."""
+    columns: dict[str, Any] = {}
+    for key, value in limits.items():
+        if key == "paused":
+            if not isinstance(value, bool):
+                raise InvalidQueueSetting(f"paused must be True or False; got {value!r}.")
+            columns["paused"] = value
+        elif key in ("concurrency", "max_size", "partition_concurrency", "partition_max_size"):
+            column = {"concurrency": "concurrency_limit"}.get(key, key)
+            columns[column] = _count(value, key)
+        elif key in ("rate_limit", "partition_rate_limit"):
+            rate = _rate(value, key)
+            columns[key] = rate[0] if rate else None
+            columns[f"{key.removesuffix('_limit')}_window_seconds"] = rate[1] if rate else None
+        else:
+            raise InvalidQueueSetting(f"Unknown queue setting {key!r}; allowed: {', '.join(DECLARABLE)}.")
+    return columns
 
 
 @dataclass(frozen=True)
@@ -49,6 +126,64 @@ class QueueControl:
         from . import engine
 
         engine.set_queue_paused(using=self._using, queue=self.name, paused=False)
+
+    def set_concurrency(self, n: int | None) -> None:
+        """At most ``n`` of the queue's jobs run at any instant, across every worker and host
+        (None: no limit). Running jobs beyond a lowered limit finish; no new one starts meanwhile."""
+        self._set(concurrency=n)
+
+    def set_rate_limit(self, max_jobs: int | None, per_seconds: float = 1.0) -> None:
+        """At most ``max_jobs`` of the queue's jobs start in any ``per_seconds`` (a sliding
+        window, across every worker); ``set_rate_limit(None)`` removes it."""
+        self._set(rate_limit=None if max_jobs is None else (max_jobs, per_seconds))
+
+    def set_max_size(self, n: int | None) -> None:
+        """Enqueueing past ``n`` unfinished jobs raises QueueFull and inserts nothing (None: no
+        limit). Jobs already stored stay, even when more than a lowered limit."""
+        self._set(max_size=n)
+
+    def set_partition_concurrency(self, n: int | None) -> None:
+        """Up to ``n`` jobs of each partition run at once (None: 1, in order). Above 1 a
+        partition's jobs may finish out of order."""
+        self._set(partition_concurrency=n)
+
+    def set_partition_rate_limit(self, max_jobs: int | None, per_seconds: float = 1.0) -> None:
+        """At most ``max_jobs`` jobs of each partition start in any ``per_seconds``."""
+        self._set(partition_rate_limit=None if max_jobs is None else (max_jobs, per_seconds))
+
+    def set_partition_max_size(self, n: int | None) -> None:
+        """Enqueueing past ``n`` unfinished jobs in one partition raises QueueFull naming it."""
+        self._set(partition_max_size=n)
+
+    def configure(self, **limits: Any) -> None:
+        """Set several of ``paused``, ``concurrency``, ``rate_limit`` (``(max_jobs, per_seconds)``),
+        ``max_size`` and their ``partition_`` forms in one write."""
+        self._set(**limits)
+
+    @property
+    def limits(self) -> QueueLimits:
+        """The queue's flags and limits as stored now."""
+        from .models import QueueState
+
+        row = QueueState.objects.using(self._using).filter(name=self.name).first()
+        if row is None:
+            return QueueLimits()
+        return QueueLimits(
+            paused=row.paused,
+            concurrency=row.concurrency_limit,
+            rate_limit=(row.rate_limit, row.rate_window_seconds) if row.rate_limit else None,
+            max_size=row.max_size,
+            partition_concurrency=row.partition_concurrency,
+            partition_rate_limit=(row.partition_rate_limit, row.partition_rate_window_seconds)
+            if row.partition_rate_limit
+            else None,
+            partition_max_size=row.partition_max_size,
+        )
+
+    def _set(self, **limits: Any) -> None:
+        from . import engine
+
+        engine.update_queue_state(using=self._using, queue=self.name, changes=_columns(**limits))
 
     @property
     def is_paused(self) -> bool:
@@ -121,8 +256,56 @@ class QueueControl:
 
 
 def queue(name: str, *, backend: str = "default") -> QueueControl:
-    """The control of queue ``name`` of ``backend``; raises InvalidQueueName for a bad name."""
+    """The control of queue ``name`` of ``backend``; raises InvalidQueueName for a bad name.
+
+    Flags and limits belong to the queue name in the backend's database (backends sharing a
+    database share them); counts and removals concern the jobs of ``backend``.
+    """
     from .backend import validate_queue_name
 
     validate_queue_name(name)
     return QueueControl(name=name, backend=backend)
+
+
+def validate_queue_declarations(declared: Any) -> dict[str, dict[str, Any]]:
+    """``DJANGO_JOBS["QUEUES"]`` as ``{queue: QueueState columns}``; JobsConfigurationError
+    naming the queue and the key for anything invalid."""
+    from .backend import validate_queue_name
+
+    if declared is None:
+        return {}
+    if not isinstance(declared, dict):
+        raise JobsConfigurationError(
+            'QUEUES must be a dict such as {"emails": {"concurrency": 5, "rate_limit": (20, 1.0)}}; '
+            f"got {type(declared).__name__}."
+        )
+    out = {}
+    for name, limits in declared.items():
+        try:
+            validate_queue_name(name)
+        except JobsError as exc:
+            raise JobsConfigurationError(f"QUEUES: {exc}") from None
+        if not isinstance(limits, dict):
+            raise JobsConfigurationError(f"QUEUES[{name!r}] must be a dict of limits; got {limits!r}.")
+        try:
+            out[name] = _columns(**limits)
+        except InvalidQueueSetting as exc:
+            raise JobsConfigurationError(f"QUEUES[{name!r}]: {exc}") from None
+    return out
+
+
+def sync_queues(*, using: str, declared: dict[str, Any] | None) -> int:
+    """Write ``DJANGO_JOBS["QUEUES"]`` to the QueueState rows; return how many queues changed.
+
+    A declared value is written only when the declaration changed since the last sync (the
+    row remembers it), so a limit changed at runtime (the admin, ``queue(...).set_...``)
+    survives worker restarts until the settings change it. A key removed from the declaration
+    removes its limit.
+    """
+    from . import engine
+
+    changed = 0
+    for name, columns in validate_queue_declarations(declared).items():
+        if engine.sync_queue_declaration(using=using, queue=name, declared=columns):
+            changed += 1
+    return changed

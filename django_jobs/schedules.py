@@ -190,18 +190,59 @@ def unschedule(name: str, *, backend: str = "default") -> bool:
     return bool(deleted)
 
 
+#: Schedules declared with ``@task(schedule=...)``: {backend: {name: declaration}}, filled as
+#: task modules are imported.
+_TASK_SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+def register_task_schedule(task: Any) -> None:
+    """Record the ``schedule=`` of a task made by ``@task`` (called by JobTask on creation).
+
+    ``schedule`` is a cron expression (str), an interval (seconds or a timedelta), or a dict of
+    the SCHEDULES options without ``task`` (plus an optional ``name``; default: the task's
+    dotted path). Validated here, so a bad one fails at import with InvalidSchedule. Copies
+    made by ``.using()`` keep the decorator's declaration (the first one registered wins).
+    """
+    spec = task.schedule
+    if isinstance(spec, str):
+        raw: dict[str, Any] = {"cron": spec}
+    elif isinstance(spec, (int, float, timedelta)) and not isinstance(spec, bool):
+        raw = {"every": spec}
+    elif isinstance(spec, dict):
+        raw = dict(spec)
+    else:
+        raise InvalidSchedule(
+            f"{task.module_path}: schedule must be a cron expression ('*/5 * * * *'), an interval (seconds or a "
+            f"timedelta) or a dict of schedule options; got {spec!r}."
+        )
+    if "task" in raw:
+        raise InvalidSchedule(f"{task.module_path}: schedule= must not name a task; it runs the decorated one.")
+    name = raw.pop("name", None) or task.module_path
+    raw["task"] = task.module_path
+    declaration_fields(name, raw, resolve=False)
+    declared = _TASK_SCHEDULES.setdefault(task.backend, {})
+    if name not in declared:
+        declared[name] = raw
+
+
 def declared_schedules(backend: str) -> dict[str, Any]:
-    """The schedules declared in code for ``backend``: its ``OPTIONS["SCHEDULES"]``, else (for
-    the ``"default"`` backend only) ``DJANGO_JOBS["SCHEDULES"]``. A global declaration belongs to
-    one backend, so projects with several backends do not fire each tick once per backend."""
+    """The schedules declared in code for ``backend``: those of ``@task(schedule=...)`` (task
+    modules of installed apps are imported first), then its ``OPTIONS["SCHEDULES"]``, else (for
+    the ``"default"`` backend only) ``DJANGO_JOBS["SCHEDULES"]``; a settings entry wins over a
+    task's of the same name. A global declaration belongs to one backend, so projects with several
+    backends do not fire each tick once per backend."""
     from django.conf import settings
+    from django.utils.module_loading import autodiscover_modules
 
     from .conf import get_settings
 
+    autodiscover_modules("tasks")  # each app's tasks.py, where @task(schedule=...) is declared
     options = (getattr(settings, "TASKS", {}).get(backend) or {}).get("OPTIONS") or {}
     if "SCHEDULES" in options:
-        return options["SCHEDULES"] or {}
-    return (get_settings().SCHEDULES or {}) if backend == "default" else {}
+        from_settings = options["SCHEDULES"] or {}
+    else:
+        from_settings = (get_settings().SCHEDULES or {}) if backend == "default" else {}
+    return {**_TASK_SCHEDULES.get(backend, {}), **from_settings}
 
 
 def sync_schedules(backend: str = "default", now: datetime | None = None) -> dict[str, int]:
@@ -251,8 +292,9 @@ def _database(backend: str) -> str:
     return get_settings(backend).DATABASE
 
 
-def declaration_fields(name: Any, raw: Any) -> dict[str, Any]:
-    """Validated model fields of one declaration."""
+def declaration_fields(name: Any, raw: Any, *, resolve: bool = True) -> dict[str, Any]:
+    """Validated model fields of one declaration (``resolve=False``: the task is being defined,
+    so its path cannot be imported yet)."""
     from django.tasks import Task
 
     from .backend import check_json, validate_queue_name
@@ -279,9 +321,9 @@ def declaration_fields(name: Any, raw: Any) -> dict[str, Any]:
     except JobsError as exc:
         raise InvalidSchedule(f"Schedule {name!r}: {exc}") from None
     options = raw.get("options", {}) or {}
-    if not isinstance(options, dict) or set(options) - {"max_attempts", "backoff", "timeout", "lifo"}:
+    if not isinstance(options, dict) or set(options) - {"max_attempts", "backoff", "timeout", "lifo", "partition"}:
         raise InvalidSchedule(
-            f"Schedule {name!r}: options may hold max_attempts, backoff, timeout and lifo; got {options!r}."
+            f"Schedule {name!r}: options may hold max_attempts, backoff, timeout, lifo and partition; got {options!r}."
         )
     priority = raw.get("priority")
     if priority is not None and (
@@ -299,7 +341,7 @@ def declaration_fields(name: Any, raw: Any) -> dict[str, Any]:
             timezone=raw.get("timezone", "UTC"),
             start=raw.get("start"),
             end=raw.get("end"),
-            task_path=task_path,
+            task_path=task_path if resolve else None,
             catch_up=raw.get("catch_up", "latest"),
             limit=raw.get("limit"),
         )
@@ -459,4 +501,5 @@ def _job_for(sched: Any, tick: datetime, now: datetime) -> Any:
         enqueued_at=now,
         scheduler_key=f"{sched.pk}@{tick.astimezone(UTC).isoformat()}",
         trace_id=new_trace_id(),
+        partition_key=getattr(task, "partition", None),
     )

@@ -22,6 +22,15 @@ class JobState(models.TextChoices):
 #: States a job never leaves by itself (only an explicit retry re-queues failed/cancelled).
 FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 
+#: States of a job that still has to run or finish, in one fixed order: the condition of the
+#: index django_jobs_unfinished_idx and the engine's SQL spell the list the same way.
+UNFINISHED_STATES: tuple[str, ...] = (
+    JobState.WAITING.value,
+    JobState.DELAYED.value,
+    JobState.ACTIVE.value,
+    JobState.WAITING_CHILDREN.value,
+)
+
 #: Every transition the engine makes, as (from, to). Tests assert the engine stays inside it.
 TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
     {

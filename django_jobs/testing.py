@@ -214,15 +214,20 @@ def drain_queue(
     ``with_retries``: a retry waiting for its backoff runs at once instead. ``with_scheduled``:
     jobs delayed by ``run_after`` (and snoozed ones) run too. Each round first makes the stashed
     enqueue of a ``keep_last_if_active`` dedup key a job once its holder finished, as the worker's
-    dedup sweeper would. Raises RuntimeError when jobs are still ready after ``max_rounds``
-    rounds (a job that keeps retrying or snoozing).
+    dedup sweeper would. Concurrency and rate limits are not applied (jobs run one at a time
+    here); pauses are, and a partition's jobs run in order, one per round. Raises RuntimeError
+    after ``max_rounds`` rounds in a row that started no job for the first time (a job that
+    keeps retrying or snoozing).
     """
     if not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an integer >= 1; got {max_rounds!r}.")
     jobs_backend = task_backends[backend]
     using = jobs_backend.database
     counts = DrainResult()
-    for _ in range(max_rounds):
+    rounds = 0
+    seen: set[uuid.UUID] = set()
+    while rounds < max_rounds:
+        rounds += 1
         engine.promote_dedup_stashes(using=using, limit=1000, backend=backend)
         _make_due(
             using, backend, queue, with_retries=with_retries, with_scheduled=with_scheduled, snoozed=counts._snoozed
@@ -234,9 +239,14 @@ def drain_queue(
             worker_id=TEST_WORKER_ID,
             lease_seconds=3600,
             backend=backend,
+            skip_gated=False,
         )
         if not claimed:
             return counts
+        fresh = {job.id for job in claimed} - seen
+        if fresh:
+            seen |= fresh
+            rounds = 0  # progress: a partition's jobs come one per round, so only repeats count
         for job in claimed:
             _run(job, using, counts)
     hint = "with_scheduled=False (snoozed jobs then stay delayed)" if with_scheduled else "with_retries=False"

@@ -902,3 +902,60 @@ def test_global_schedules_belong_to_the_default_backend_only():
         }
         assert schedules.sync_schedules("default")["created"] == 1
     assert list(Schedule.objects.values_list("backend", "name")) == [("default", "nightly")]
+
+
+@pytest.fixture
+def task_declared_schedules():
+    """(Re-)import the tasks that declare ``schedule=``, so their decorators register them now;
+    forget their declarations afterwards (they would be synced by every later test)."""
+    import importlib
+
+    before = {k: dict(v) for k, v in schedules._TASK_SCHEDULES.items()}
+    from tests import tasks_scheduled
+
+    schedules._TASK_SCHEDULES.clear()
+    importlib.reload(tasks_scheduled)
+    yield tasks_scheduled
+    schedules._TASK_SCHEDULES.clear()
+    schedules._TASK_SCHEDULES.update(before)
+
+
+@pytest.mark.django_db
+def test_a_task_declares_its_own_schedule_and_the_sync_creates_it(task_declared_schedules):
+    counts = schedules.sync_schedules("default")
+    assert counts["created"] == 2
+    five = Schedule.objects.get(name="tests.tasks_scheduled.every_five_minutes")
+    assert (five.cron, five.task_path, five.source, five.enabled) == (
+        "*/5 * * * *",
+        "tests.tasks_scheduled.every_five_minutes",
+        "code",
+        True,
+    )
+    report = Schedule.objects.get(name="ordered-report")
+    assert (report.every_seconds, report.args, report.queue) == (3600.0, [7], "reports")
+    schedules.fire_due(backend="default", now=report.next_run_at)
+    job = Job.objects.get(task_path="tests.tasks_scheduled.hourly_report")
+    assert (job.queue, job.args, job.partition_key) == ("reports", [7], "reports"), "the task's partition rides along"
+
+
+@pytest.mark.django_db
+def test_a_settings_declaration_wins_over_a_tasks_of_the_same_name(task_declared_schedules):
+    override = {"task": "tests.tasks.noop", "cron": "0 * * * *"}
+    with declared({"ordered-report": override}):
+        schedules.sync_schedules("default")
+    assert Schedule.objects.get(name="ordered-report").task_path == "tests.tasks.noop"
+
+
+def test_a_bad_task_schedule_fails_at_import_with_the_reason():
+    from django_jobs.backend import JobTask
+
+    def define(spec):  # what @task(schedule=spec) does with a module-level function
+        return JobTask(func=tasks.noop.func, backend="default", queue_name="default", priority=0, schedule=spec)
+
+    with pytest.raises(schedules.InvalidSchedule, match="cron"):
+        define("every five minutes")
+    with pytest.raises(schedules.InvalidSchedule, match="an interval"):
+        define([1, 2])
+    with pytest.raises(schedules.InvalidSchedule, match="must not name a task"):
+        define({"task": "tests.tasks.noop", "every": 60})
+    assert "tests.tasks.noop" not in schedules._TASK_SCHEDULES.get("default", {}), "nothing half-registered"

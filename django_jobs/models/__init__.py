@@ -4,7 +4,7 @@ from .dedup import JobDedup, JobDedupNext
 from .dependency import DependencyStatus, FailurePolicy, JobDependency
 from .job import Job, JobQuerySet
 from .log import JobLog
-from .queue import QueueState
+from .queue import JobStart, QueueState
 from .schedule import CatchUp, Schedule
 from .worker import Worker
 
@@ -16,6 +16,7 @@ __all__ = [
     "JobDedupNext",
     "JobDependency",
     "JobLog",
+    "JobStart",
     "JobQuerySet",
     "QueueState",
     "CatchUp",

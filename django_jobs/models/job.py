@@ -7,7 +7,7 @@ from datetime import datetime
 from django.db import models
 from django.db.models import Count, Q
 
-from ..states import FINISHED_STATES, JobState
+from ..states import FINISHED_STATES, UNFINISHED_STATES, JobState
 from ..uuid7 import uuid7
 
 
@@ -121,6 +121,20 @@ class Job(models.Model):
                 fields=["finished_at"],
                 name="django_jobs_finished_idx",
                 condition=Q(state__in=["completed", "failed", "cancelled"]),
+            ),
+            # Unfinished jobs by queue and partition, in partition order: the size a max_size
+            # checks, and the "is an earlier job of this partition unfinished?" probe of a claim.
+            models.Index(
+                fields=["queue", "partition_key", "id"],
+                name="django_jobs_unfinished_idx",
+                condition=Q(state__in=list(UNFINISHED_STATES)),
+            ),
+            # Running jobs by queue and partition (a small set): a concurrency limit's count and
+            # the "is a job of this partition running?" probe.
+            models.Index(
+                fields=["queue", "partition_key"],
+                name="django_jobs_active_queue_idx",
+                condition=Q(state="active"),
             ),
             # The jobs of one pipeline (django_jobs.trace()).
             models.Index(fields=["trace_id"], name="django_jobs_trace_idx"),

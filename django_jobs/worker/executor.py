@@ -219,6 +219,7 @@ class Executor:
                 queue=job.queue,
                 max_attempts=job.max_attempts,
                 parent_id=str(job.parent_id) if job.parent_id is not None else None,
+                partition=getattr(job, "partition_key", None),
                 lease_token=job.lease_token,
                 database=get_settings(job.backend).DATABASE,
                 attempt_state=attempt,

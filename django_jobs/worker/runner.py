@@ -58,6 +58,8 @@ job_logger = logging.getLogger("django_jobs.worker.jobs")
 #: before it claims, so one claim (a round trip and a commit, about a millisecond) fills several
 #: slots instead of one each; short jobs finish within it, long ones barely notice it.
 CLAIM_LINGER = 0.002
+#: Seconds between reads of which queues have a concurrency or rate limit (see _claim_gated).
+GATED_REFRESH = 1.0
 
 #: How often a worker asks the database for cancels of its running jobs when no NOTIFY tells it
 #: (SQLite, or PostgreSQL while the listener reconnects).
@@ -199,6 +201,8 @@ class Worker:
         # Set only after the grace period: leases must keep being renewed while jobs finish.
         self._maintenance_done = threading.Event()
         self._wake = threading.Event()
+        self._gated: list[str] = []
+        self._gated_checked_at = float("-inf")
         self._slots = threading.Condition()
         self._inflight = 0
         self._claimed_total = 0
@@ -302,6 +306,7 @@ class Worker:
                     break
             # Clear before claiming: a NOTIFY that lands during the claim keeps us awake.
             self._wake.clear()
+            wake_in: float | None = None
             try:
                 jobs = engine.claim_jobs(
                     using=self.using,
@@ -311,6 +316,9 @@ class Worker:
                     lease_seconds=self.settings.LEASE_SECONDS,
                     backend=self.backend,
                 )
+                if len(jobs) < free:
+                    gated, wake_in = self._claim_gated(free - len(jobs))
+                    jobs += gated
                 failures = 0
             except DatabaseError as exc:
                 if not is_transient(exc):
@@ -338,11 +346,47 @@ class Worker:
                 logger.info("Worker %s: queues are empty, stopping.", self.worker_id)
                 break
             if not jobs:
-                self._wake.wait(timeout=self.sleep * random.uniform(0.75, 1.25))
+                timeout = self.sleep * random.uniform(0.75, 1.25)
+                if wake_in is not None:  # a rate limit frees a start then
+                    timeout = min(timeout, max(wake_in, 0.001))
+                self._wake.wait(timeout=timeout)
+
+    def _claim_gated(self, free: int) -> tuple[list[Any], float | None]:
+        """Claim from this worker's queues that have a concurrency or rate limit (each under its
+        lock, in a random order so no queue starves); the jobs and the soonest rate-limit wake."""
+        now = time.monotonic()
+        if now >= self._gated_checked_at + GATED_REFRESH:
+            # A newly limited queue is skipped by claim_jobs at once (exactness lives in SQL);
+            # this list only says which queues to claim through their lock, so it may be stale.
+            self._gated = engine.gated_queues(using=self.using, queues=self.queues)
+            self._gated_checked_at = now
+        jobs: list[Any] = []
+        wake: float | None = None
+        for name in random.sample(self._gated, len(self._gated)):
+            if free <= 0:
+                break
+            claimed, wake_in = engine.claim_gated_jobs(
+                using=self.using,
+                queue=name,
+                limit=free,
+                worker_id=self.worker_id,
+                lease_seconds=self.settings.LEASE_SECONDS,
+                backend=self.backend,
+            )
+            jobs += claimed
+            free -= len(claimed)
+            if wake_in is not None:
+                wake = wake_in if wake is None else min(wake, wake_in)
+        return jobs, wake
 
     def _sync_schedules(self) -> None:
+        from ..queues import sync_queues
         from ..schedules import declared_schedules, sync_schedules
 
+        if self.settings.QUEUES:
+            changed = sync_queues(using=self.using, declared=self.settings.QUEUES)
+            if changed:
+                logger.info("Worker %s applied DJANGO_JOBS['QUEUES'] to %d queue(s).", self.worker_id, changed)
         if declared_schedules(self.backend):
             counts = sync_schedules(self.backend)
             if any(counts.values()):
