@@ -5,6 +5,7 @@ TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [],
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -41,6 +42,10 @@ QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id", "partition")
 
 
+#: True while JobTask.using() copies a task (dataclasses.replace calls the class again).
+_COPYING: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_copying_task", default=False)
+
+
 class _JobTaskMeta(type):
     """Turns unknown ``@task(...)`` options into a TypeError that lists the allowed ones."""
 
@@ -53,7 +58,7 @@ class _JobTaskMeta(type):
                 f"{', '.join(sorted(allowed - {'func', 'run_after'}))} (and run_after in .using())."
             )
         task = super().__call__(*args, **kwargs)
-        if task.schedule is not None:
+        if task.schedule is not None and not _COPYING.get():
             from .schedules import register_task_schedule
 
             register_task_schedule(task)
@@ -119,7 +124,11 @@ class JobTask(Task, metaclass=_JobTaskMeta):
         ):
             if value is not None:
                 changes[name] = value
-        return replace(self, **changes)
+        token = _COPYING.set(True)  # a copy is not a new declaration of the task's schedule
+        try:
+            return replace(self, **changes)
+        finally:
+            _COPYING.reset(token)
 
     def enqueue_many(self, items: Iterable[Any]) -> list[JobResult]:
         """Enqueue one job per item, atomically; see :meth:`JobsBackend.enqueue_many`."""

@@ -153,6 +153,18 @@ class Dialect:
             return f"id = ANY(ARRAY({select_sql}))"
         return f"id IN ({select_sql})"
 
+    def false(self) -> str:
+        return "false" if self.pg else "0"
+
+    def not_blocked(self, alias: str) -> str:
+        """A job is not blocked, spelled as the ready indexes' condition (PostgreSQL ``NOT
+        "blocked"``, SQLite ``"blocked" = 0``: SQLite uses a partial index only for a query that
+        repeats its terms)."""
+        return f"NOT {alias}.blocked" if self.pg else f"{alias}.blocked = 0"
+
+    def is_blocked(self, alias: str) -> str:
+        return f"{alias}.blocked" if self.pg else f"{alias}.blocked = 1"
+
     def skip_locked(self) -> str:
         # SQLite has no row locks: a single UPDATE statement holds the database write lock.
         return "FOR UPDATE SKIP LOCKED" if self.pg else ""

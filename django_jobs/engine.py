@@ -203,6 +203,8 @@ def insert_job(
         cursor.execute(*_insert_statement(d, job, wake=wake, guarded=True))
         if cursor.rowcount == 1:
             _mark_saved(job, using)
+            if job.partition_key is not None:
+                _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
             return job
         if wake and conn.in_atomic_block and not conn.savepoint_ids:
             _sent_in_transaction(conn).discard(job.queue)  # that NOTIFY went with no row
@@ -252,6 +254,8 @@ def _new_job(
         dedup_key=dedup_key,
         idempotency_key=idempotency_key,
         partition_key=partition,
+        # Blocked until _unblock_heads finds it is its partition's next job (right after insert).
+        blocked=partition is not None,
     )
 
 
@@ -275,6 +279,7 @@ def _insert_params(d: Dialect, job: Job) -> list[Any]:
         job.dedup_key,
         job.idempotency_key,
         job.partition_key,
+        job.blocked,
     ]
 
 
@@ -309,9 +314,9 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = Fals
 
     values = ", ".join(
         [cast("uuid"), "%s", "%s", "%s", cast("jsonb"), cast("jsonb"), "%s", "%s", cast("timestamptz"),
-         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s", "%s"]
+         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s", "%s", "%s"]
     )  # fmt: skip
-    columns = f"{_INSERT_COLUMNS}, trace_id, dedup_key, idempotency_key, partition_key"
+    columns = f"{_INSERT_COLUMNS}, trace_id, dedup_key, idempotency_key, partition_key, blocked"
     if guarded:
         unlimited = f"NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} WHERE name = %s AND {_SIZE_LIMITED})"
         sql = f"INSERT INTO {JOB_TABLE} ({columns}) SELECT {values} WHERE {unlimited}"
@@ -338,7 +343,7 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = Fals
 #: statement's SQL and parameters stay around 100 KiB however many jobs the caller sends.
 INSERT_CHUNK = 500
 _MANY_ROW_PARAMS = 4  # id, args, kwargs, seq: what differs between the jobs of one batch
-_MANY_SHARED_PARAMS = 11  # the rest, bound once per statement
+_MANY_SHARED_PARAMS = 12  # the rest, bound once per statement
 
 
 def _insert_many_sql(pg: bool, n: int) -> str:
@@ -357,11 +362,11 @@ def _insert_many_sql(pg: bool, n: int) -> str:
     row = f"({cast('uuid')}, {cast('jsonb')}, {cast('jsonb')}, %s)"
     shared = ", ".join(
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
-         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s"]
+         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s", "%s"]
     )  # fmt: skip
     return (
         f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}) "
-        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, partition_key) SELECT {shared} FROM v"
+        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, partition_key, blocked) SELECT {shared} FROM v"
     )
 
 
@@ -432,6 +437,7 @@ def insert_jobs(
         d.dt(now),
         trace_id_for_new_job(trace_id),
         partition,
+        partition is not None,  # blocked: _unblock_heads frees the partition's next one below
     ]
     ids = [uuid7() for _ in rows]
     per_statement = _rows_per_statement(conn)
@@ -446,6 +452,8 @@ def insert_jobs(
             n = len(part)
             sql = _insert_chunk_sql(d.pg, n) if n == INSERT_CHUNK else _insert_many_sql(d.pg, n)
             cursor.execute(sql, params)
+        if partition is not None:
+            _unblock_heads(cursor, d, {(queue, partition)})
     return ids
 
 
@@ -822,6 +830,8 @@ def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = F
     _admit(cursor, d, job.queue, {job.partition_key: 1})
     cursor.execute(*_insert_statement(d, job, wake=wake))
     _mark_saved(job, using)
+    if job.partition_key is not None:
+        _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
 
 
 def _insert_statement(
@@ -882,12 +892,23 @@ def _admit(cursor: Any, d: Dialect, queue: str, adding: dict[str | None, int], *
     or one of its partitions past its max size. Call inside a transaction, before the INSERT.
 
     A queue without a size limit costs one primary-key probe and locks nothing. A limited one
-    is locked (:func:`_lock_queue`) until the caller's transaction ends, so concurrent enqueuers
-    count one after another and each sees the jobs the one before it committed: the size never
-    passes the limit, however many processes enqueue. ``batch_before``: jobs of the same batch
+    is locked until the caller's transaction ends (PostgreSQL: a transaction-level advisory lock
+    per queue; SQLite: the database write lock), so concurrent enqueuers count one after another
+    and each sees the jobs the one before it committed (READ COMMITTED: each statement after the
+    lock reads anew): the size never passes the limit, however many processes enqueue. ``batch_before``: jobs of the same batch
     this transaction already inserted (they are counted in the size; the message names them).
     """
-    row = _lock_queue(cursor, d, queue, "max_size, partition_max_size", _SIZE_LIMITED)
+    if d.pg:
+        # An advisory lock, not the QueueState row's: the caller keeps it until its transaction
+        # ends, and a long transaction must not hold up the claims (which lock the row).
+        cursor.execute(f"SELECT 1 FROM {QUEUE_TABLE} WHERE name = %s AND {_SIZE_LIMITED}", [queue])
+        if cursor.fetchone() is None:
+            return
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"django_jobs.admit:{queue}"])
+        cursor.execute(f"SELECT max_size, partition_max_size FROM {QUEUE_TABLE} WHERE name = %s", [queue])
+        row = cursor.fetchone()
+    else:
+        row = _lock_queue(cursor, d, queue, "max_size, partition_max_size", _SIZE_LIMITED)
     if row is None:
         return
     max_size, partition_max = row
@@ -906,6 +927,50 @@ def _admit(cursor: Any, d: Dialect, queue: str, adding: dict[str | None, int], *
                     queue=queue, partition=partition, size=size - batch_before, limit=partition_max,
                     adding=n + batch_before,
                 )  # fmt: skip
+
+
+def _unblock_heads(cursor: Any, d: Dialect, partitions: set[tuple[str, str]]) -> int:
+    """Clear ``blocked`` on the next job (earliest unfinished) of each (queue, partition) so
+    claims see it; return how many were blocked. Inserts block a partitioned job and call this
+    right after; a job reaching a final state calls it for its partition. A hint only: two
+    enqueues racing a finish can leave a partition's next job blocked, which the
+    PartitionSweeper (:func:`unblock_partitions`) clears within one of its intervals."""
+    freed = 0
+    for queue, partition in sorted(partitions):
+        # The first partition_concurrency (default 1) unfinished jobs may run.
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET blocked = {d.false()} WHERE id IN (SELECT id FROM {JOB_TABLE} WHERE queue = %s "
+            f"AND partition_key = %s AND state IN {UNFINISHED_SQL} ORDER BY id LIMIT (SELECT "
+            f"COALESCE(MAX(partition_concurrency), 1) FROM {QUEUE_TABLE} WHERE name = %s)) AND blocked",
+            [queue, partition, queue],
+        )
+        freed += cursor.rowcount
+    return freed
+
+
+def unblock_partitions(*, using: str, limit: int) -> int:
+    """Clear ``blocked`` on the next job(s) of up to ``limit`` partitions whose earliest
+    unfinished job is blocked (so nothing of the partition could be claimed again); return how
+    many jobs. The PartitionSweeper's run: one scan of django_jobs_blocked_idx (one entry per
+    unfinished job that waits for its partition's turn) grouped by partition, with one probe of
+    django_jobs_unfinished_idx per partition."""
+    d = Dialect(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT b.queue, b.partition_key FROM {JOB_TABLE} b WHERE {d.is_blocked('b')} AND b.state IN {UNFINISHED_SQL} "
+            f"GROUP BY b.queue, b.partition_key HAVING (SELECT {d.is_blocked('f')} FROM {JOB_TABLE} f WHERE "
+            f"f.queue = b.queue AND f.partition_key = b.partition_key AND f.state IN {UNFINISHED_SQL} "
+            f"ORDER BY f.id LIMIT 1) LIMIT %s",
+            [limit],
+        )
+        stuck = {(q, p) for q, p in cursor.fetchall()}
+        if not stuck:
+            return 0
+        freed = _unblock_heads(cursor, d, stuck)
+    if freed:
+        logger.info("Unblocked the next job of %d partition(s) left without one.", freed)
+        notify(using, sorted({q for q, _ in stuck}))
+    return freed
 
 
 def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
@@ -984,24 +1049,35 @@ def insert_job_once(
         with conn.cursor() as cursor:
             cursor.execute(*_insert_statement(d, job, wake=wake, once=True, guarded=True))
             inserted = cursor.fetchone() is not None
+        where = "backend = %s AND queue = %s AND idempotency_key = %s"
         if not inserted and _queue_size_limited(using, queue):
             # The guard refused it: a limited queue admits under its lock (a duplicate first).
             with conn.cursor() as cursor:
-                found = _read_job(cursor, d, using, "backend = %s AND queue = %s AND idempotency_key = %s",
-                                  [backend, queue, idempotency_key])  # fmt: skip
+                found = _read_job(cursor, d, using, where, [backend, queue, idempotency_key])
             if found is not None:
                 return found, False
-            with transaction.atomic(using=using), conn.cursor() as cursor:
-                _admit(cursor, d, queue, {job.partition_key: 1})
-                cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
-                inserted = cursor.fetchone() is not None
+            try:
+                with transaction.atomic(using=using), conn.cursor() as cursor:
+                    _admit(cursor, d, queue, {job.partition_key: 1})
+                    cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
+                    inserted = cursor.fetchone() is not None
+            except QueueFull:
+                # The key's first job may have committed while we waited for the lock: a
+                # duplicate returns it, full or not.
+                with conn.cursor() as cursor:
+                    found = _read_job(cursor, d, using, where, [backend, queue, idempotency_key])
+                if found is not None:
+                    return found, False
+                raise
         if inserted:
             _mark_saved(job, using)
+            if job.partition_key is not None:
+                with conn.cursor() as cursor:
+                    _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
             if job.state == JobState.WAITING and not wake:
                 notify(using, [queue])
             return job, True
         with conn.cursor() as cursor:
-            where = "backend = %s AND queue = %s AND idempotency_key = %s"
             found = _read_job(cursor, d, using, where, [backend, queue, idempotency_key])
         if found is not None:
             return found, False
@@ -1189,6 +1265,7 @@ def _claim_statement(
     where: list[str],
     where_params: list[Any],
     limit: int,
+    include_blocked: bool = False,
 ) -> tuple[str, list[Any]]:
     """The claim: select the ready ids matching ``where`` (about candidate ``j``) in claim
     order, locking only those rows and skipping rows another worker holds (``FOR UPDATE SKIP
@@ -1196,8 +1273,10 @@ def _claim_statement(
     active with a fresh lease token and an expiry of database time + ``lease_seconds``."""
     now_sql, now_params = d.now(now)
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
+    # "Not blocked" spelled as in the ready indexes' condition, so both vendors use them.
+    ready = "j.state = 'waiting'" if include_blocked else f"j.state = 'waiting' AND {d.not_blocked('j')}"
     select_ids = (
-        f"SELECT j.id FROM {JOB_TABLE} j WHERE j.state = 'waiting' AND {' AND '.join(where or ['1 = 1'])} "
+        f"SELECT j.id FROM {JOB_TABLE} j WHERE {ready} AND {' AND '.join(where or ['1 = 1'])} "
         f"ORDER BY j.priority DESC, j.seq, j.id LIMIT %s {d.skip_locked()}"
     )
     returning = ", ".join(_CLAIM_COLUMNS)
@@ -1278,7 +1357,7 @@ def claim_jobs(
         where.append(_partition_free(1))
     sql, params = _claim_statement(
         d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
-        limit=limit,
+        limit=limit, include_blocked=job_ids is not None,
     )  # fmt: skip
     return _run_claim(d, using, sql, params)
 
@@ -1485,7 +1564,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         f"THEN {now_sql} ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
-        f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id"
+        f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id, {t}.partition_key"
     )
     by_id = {o.job_id: o for o in outcomes}
 
@@ -1524,9 +1603,16 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
                 o.state,
                 o.job_id,
             )
-    requeued = sorted({r[1] for r in rows if r[2] == JobState.WAITING})
+    requeued = {r[1] for r in rows if r[2] == JobState.WAITING}
+    turns = {(r[1], r[4]) for r in rows if r[4] is not None and r[2] in FINISHED_STATES}
+    if turns:
+        # Their partitions' next jobs may run now (autocommit, like the outcomes: a crash in
+        # between leaves them blocked for the PartitionSweeper).
+        with connections[using].cursor() as cursor:
+            if _unblock_heads(cursor, d, turns):
+                requeued |= {q for q, _ in turns}
     if requeued:
-        notify(using, requeued)
+        notify(using, sorted(requeued))
     return written
 
 
@@ -1639,6 +1725,7 @@ def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None) -> Cance
             descendants = cancel_descendants(using=using, parent_ids=[job_id], now=now)  # a flow's children
         if change == "cancelled":
             settle_dependencies(using=using, finished=[(job_id, JobState.CANCELLED, _cancelled_error(job_id))], now=now)
+            _unblock_partitions_of(using, [job_id, *(d for d, _ in descendants)])
     row = jobs.values_list("state", "queue").first()
     return None if row is None else CancelResult(row[0], change, row[1], tuple(descendants))
 
@@ -1665,7 +1752,7 @@ def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> 
 
     now = now or timezone.now()
     seq = ready_seq(now)
-    return bool(
+    retried = bool(
         Job.objects.using(using)
         .filter(id=job_id, state__in=[JobState.FAILED, JobState.CANCELLED])
         # A flow parent with unfinished children would run without them: refused.
@@ -1684,6 +1771,22 @@ def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> 
             ),
         )
     )
+    _unblock_partitions_of(using, [job_id])  # back in its partition: it may be the next again
+    return retried
+
+
+def _unblock_partitions_of(using: str, job_ids: list[uuid.UUID]) -> None:
+    """Let the next jobs of the partitions of ``job_ids`` run (after a cancel, delete or retry
+    changed which job is next); the PartitionSweeper would, later."""
+    keys = set(
+        Job.objects.using(using)
+        .filter(id__in=job_ids, partition_key__isnull=False)
+        .values_list("queue", "partition_key")
+    )
+    if keys:
+        with connections[using].cursor() as cursor:
+            if _unblock_heads(cursor, Dialect(using), keys):
+                notify(using, sorted({q for q, _ in keys}))
 
 
 def is_cancel_requested(*, using: str, job_id: uuid.UUID) -> bool:
@@ -1850,7 +1953,8 @@ def insert_flow(
         with connections[using].cursor() as cursor:
             for queue in sorted(adding):  # one lock order, so two flows cannot deadlock on them
                 _admit(cursor, Dialect(using), queue, adding[queue])
-        Job.objects.using(using).bulk_create(rows)
+            Job.objects.using(using).bulk_create(rows)
+            _unblock_heads(cursor, Dialect(using), {(j.queue, j.partition_key) for j in rows if j.partition_key})
         edges = [
             JobDependency(
                 parent_id=fj.parent_id, child_id=fj.id, child_queue=fj.queue, failure_policy=fj.failure_policy
@@ -2023,6 +2127,9 @@ def _notify_cancel(using: str, job_ids: list[uuid.UUID]) -> None:
 # -- schedules ------------------------------------------------------------------------------
 
 
+_UNSET: Any = object()
+
+
 def advance_schedule(
     *,
     using: str,
@@ -2030,38 +2137,47 @@ def advance_schedule(
     due: datetime,
     next_run_at: datetime | None,
     job: Job | None,
+    next_if_refused: datetime | None = _UNSET,
     now: datetime | None = None,
-) -> bool:
+) -> str | None:
     """Move a schedule from its tick ``due`` to ``next_run_at`` and, with ``job``, insert that
-    tick's job, in one transaction; False when another worker moved it first.
+    tick's job, in one transaction. Returns ``"fired"``, ``"skipped"`` (no ``job``: the catch-up
+    policy skipped the tick), ``"refused"`` (the queue was full: no job, the tick does not count
+    and the schedule moves to ``next_if_refused`` instead, default ``next_run_at``), or None when
+    another worker moved it first.
 
     The compare-and-set on ``next_run_at`` makes one worker win each tick; the job's unique
     ``scheduler_key`` (schedule, tick) is the constraint behind it, so even a stale worker cannot
-    insert a tick twice. ``job`` is None for a tick skipped by the catch-up policy.
+    insert a tick twice.
     """
     from .models import Schedule
 
     now = now or timezone.now()
+    rows = Schedule.objects.using(using).filter(id=schedule_id)
     with transaction.atomic(using=using):
-        changes: dict[str, Any] = {"next_run_at": next_run_at}
-        if job is not None:
-            changes.update(iterations=F("iterations") + 1, last_run_at=now)
-        moved = Schedule.objects.using(using).filter(id=schedule_id, next_run_at=due, enabled=True).update(**changes)
-        if not moved:
-            return False
-        if job is not None:
-            job.seq = ready_seq(job.available_at, bool(job.options.get("lifo")))
-            try:
-                with transaction.atomic(using=using), connections[using].cursor() as cursor:
-                    _admit(cursor, Dialect(using), job.queue, {job.partition_key: 1})
-                    Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
-            except QueueFull as exc:
-                # Backpressure wins over the schedule: this tick is skipped, the next one tries.
-                logger.warning("Schedule %s: the job of its tick %s was not enqueued: %s", schedule_id, due, exc)
-                job = None
-    if job is not None and job.state == JobState.WAITING:
+        if not rows.filter(next_run_at=due, enabled=True).update(next_run_at=next_run_at):
+            return None
+        if job is None:
+            return "skipped"
+        job.seq = ready_seq(job.available_at, bool(job.options.get("lifo")))
+        try:
+            with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                _admit(cursor, Dialect(using), job.queue, {job.partition_key: 1})
+                job.blocked = job.partition_key is not None
+                Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
+                if job.partition_key is not None:
+                    _unblock_heads(cursor, Dialect(using), {(job.queue, job.partition_key)})
+        except QueueFull as exc:
+            # Backpressure wins over the schedule: this tick is skipped (not counted against its
+            # limit), the next one tries again.
+            logger.warning("Schedule %s: the job of its tick %s was not enqueued: %s", schedule_id, due, exc)
+            if next_if_refused is not _UNSET and next_if_refused != next_run_at:
+                rows.update(next_run_at=next_if_refused)
+            return "refused"
+        rows.update(iterations=F("iterations") + 1, last_run_at=now)
+    if job.state == JobState.WAITING:
         notify(using, [job.queue])
-    return True
+    return "fired"
 
 
 # -- queue control ----------------------------------------------------------------------------
@@ -2086,24 +2202,47 @@ def update_queue_state(*, using: str, queue: str, changes: dict[str, Any]) -> No
             starts.filter(partition_key="").delete()
         if "partition_rate_limit" in changes and changes["partition_rate_limit"] is None:
             starts.exclude(partition_key="").delete()
+        if (changes.get("partition_concurrency") or 1) > 1:
+            # More of each partition may run now: unblock them (one pass over its blocked jobs).
+            blocked = (
+                Job.objects.using(using)
+                .filter(queue=queue, blocked=True, state__in=UNFINISHED_STATES)
+                .order_by()
+                .values_list("partition_key", flat=True)
+                .distinct()
+            )
+            with connections[using].cursor() as cursor:
+                _unblock_heads(cursor, Dialect(using), {(queue, p) for p in blocked if p is not None})
     notify(using, [queue])
 
 
-def sync_queue_declaration(*, using: str, queue: str, declared: dict[str, Any]) -> bool:
-    """Apply a settings declaration of ``queue`` (QueueState columns): write the columns whose
-    declared value differs from the one declared last time, and columns declared last time but
-    not now (back to their default); remember the declaration. True when anything was written."""
-    defaults = {f.name: f.get_default() for f in QueueState._meta.concrete_fields}
-    with transaction.atomic(using=using):
-        row, _ = QueueState.objects.using(using).select_for_update().get_or_create(name=queue)
-        before = row.declared or {}
-        changes = {k: v for k, v in declared.items() if k not in before or before[k] != v}
-        changes.update({k: defaults[k] for k in before if k not in declared and k in defaults})
-        if not changes and before == declared:
-            return False
-        QueueState.objects.using(using).filter(name=queue).update(declared=declared)
-    update_queue_state(using=using, queue=queue, changes=changes)
-    return bool(changes)
+def sync_queue_declarations(*, using: str, declared: dict[str, dict[str, Any]], columns_for: Any) -> int:
+    """Apply ``DJANGO_JOBS["QUEUES"]`` (``{queue: {key: value}}``, validated and JSON-shaped) to
+    the QueueState rows; return how many queues changed.
+
+    Per queue, a key is written when its declared value differs from the one declared last time
+    (the row keeps that in ``declared``), so a runtime edit survives restarts until the settings
+    change; a key declared last time but not now (or a whole queue no longer declared) goes back
+    to no limit. ``columns_for(**{key: value})`` turns keys into columns (a rate limit is one key,
+    two columns, always written together). Each queue in one transaction with its ``declared``.
+    """
+    changed = 0
+    rows = QueueState.objects.using(using).values_list("name", "declared")  # a small table
+    names = set(declared) | {name for name, was in rows if was}
+    for name in sorted(names):
+        now_declared = declared.get(name, {})
+        with transaction.atomic(using=using):
+            row, _ = QueueState.objects.using(using).select_for_update().get_or_create(name=name)
+            before = row.declared or {}
+            keys = {k: v for k, v in now_declared.items() if k not in before or before[k] != v}
+            keys.update({k: (False if k == "paused" else None) for k in before if k not in now_declared})
+            if not keys and before == now_declared:
+                continue
+            QueueState.objects.using(using).filter(name=name).update(declared=now_declared)
+            if keys:
+                update_queue_state(using=using, queue=name, changes=columns_for(**keys))
+                changed += 1
+    return changed
 
 
 def is_queue_paused(*, using: str, queue: str) -> bool:
@@ -2142,7 +2281,16 @@ def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = 
             finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in unfinished_children],
             now=now,
         )
+        partitions = set(
+            Job.objects.using(using)
+            .filter(id__in=job_ids, partition_key__isnull=False)
+            .exclude(state__in=FINISHED_STATES)
+            .values_list("queue", "partition_key")
+        )
         deleted, by_model = Job.objects.using(using).filter(id__in=job_ids).delete()
+        if partitions:  # their partitions' next jobs may run now
+            with connections[using].cursor() as cursor:
+                _unblock_heads(cursor, Dialect(using), partitions)
     return by_model.get(Job._meta.label, 0)
 
 

@@ -72,7 +72,7 @@ class ChildFailed(JobsError):
 
 
 class QueueFull(JobsError):
-    """The queue (or partition) holds as many unfinished jobs as its max size; nothing was
+    """The queue (or partition) would pass its max size of unfinished jobs; nothing was
     enqueued. Wait for workers to catch up, or raise the limit."""
 
     def __init__(

@@ -117,7 +117,7 @@ def _enqueue(root: Flow, parent: Any) -> Any:
     jobs: list[engine.FlowJob] = []
     tasks: list[Task] = []
     trace_id = _trace_id_for(root.task)
-    _walk(root, None, 1, [], set(), backend, jobs, tasks, trace_id, frozenset())
+    _walk(root, None, 1, [], set(), backend, jobs, tasks, trace_id, _partitions_above(attach_to, backend.database))
     using = backend.database
     try:
         with transaction.atomic(using=using):
@@ -220,6 +220,24 @@ def _walk(
     tasks.append(task)
     for i, child in enumerate(node.children):
         _walk(child, job_id, depth + 1, [*path, i], seen, backend, jobs, tasks, trace_id, ancestors)
+
+
+def _partitions_above(job_id: uuid.UUID | None, using: str) -> frozenset[tuple[str, str]]:
+    """(queue, partition) of ``job_id`` and its ancestors: a flow attached under it must not
+    use them (the parent would wait for a child that waits for the parent)."""
+    from .models import Job
+
+    found: set[tuple[str, str]] = set()
+    for _ in range(MAX_DEPTH + 1):
+        if job_id is None:
+            break
+        row = Job.objects.using(using).filter(id=job_id).values_list("queue", "partition_key", "parent_id").first()
+        if row is None:
+            break
+        if row[1] is not None:
+            found.add((row[0], row[1]))
+        job_id = row[2]
+    return frozenset(found)
 
 
 def _parent_id(parent: Any) -> uuid.UUID:

@@ -268,8 +268,8 @@ def queue(name: str, *, backend: str = "default") -> QueueControl:
 
 
 def validate_queue_declarations(declared: Any) -> dict[str, dict[str, Any]]:
-    """``DJANGO_JOBS["QUEUES"]`` as ``{queue: QueueState columns}``; JobsConfigurationError
-    naming the queue and the key for anything invalid."""
+    """``DJANGO_JOBS["QUEUES"]`` validated and JSON-shaped (a rate limit as ``[max_jobs,
+    per_seconds]``); JobsConfigurationError naming the queue and the key for anything invalid."""
     from .backend import validate_queue_name
 
     if declared is None:
@@ -279,7 +279,7 @@ def validate_queue_declarations(declared: Any) -> dict[str, dict[str, Any]]:
             'QUEUES must be a dict such as {"emails": {"concurrency": 5, "rate_limit": (20, 1.0)}}; '
             f"got {type(declared).__name__}."
         )
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, limits in declared.items():
         try:
             validate_queue_name(name)
@@ -288,24 +288,29 @@ def validate_queue_declarations(declared: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(limits, dict):
             raise JobsConfigurationError(f"QUEUES[{name!r}] must be a dict of limits; got {limits!r}.")
         try:
-            out[name] = _columns(**limits)
+            _columns(**limits)
         except InvalidQueueSetting as exc:
             raise JobsConfigurationError(f"QUEUES[{name!r}]: {exc}") from None
+        out[name] = {
+            k: list(_rate(v, k)) if k.endswith("rate_limit") and v is not None else v for k, v in limits.items()
+        }
     return out
 
 
 def sync_queues(*, using: str, declared: dict[str, Any] | None) -> int:
-    """Write ``DJANGO_JOBS["QUEUES"]`` to the QueueState rows; return how many queues changed.
+    """Write ``DJANGO_JOBS["QUEUES"]`` to the QueueState rows (a worker does at start); return how
+    many queues changed.
 
     A declared value is written only when the declaration changed since the last sync (the
     row remembers it), so a limit changed at runtime (the admin, ``queue(...).set_...``)
-    survives worker restarts until the settings change it. A key removed from the declaration
-    removes its limit.
+    survives worker restarts until the settings change it. A key removed from the declaration,
+    or a queue removed from it, goes back to no limit.
     """
     from . import engine
 
-    changed = 0
-    for name, columns in validate_queue_declarations(declared).items():
-        if engine.sync_queue_declaration(using=using, queue=name, declared=columns):
-            changed += 1
-    return changed
+    def columns_for(**keys: Any) -> dict[str, Any]:
+        return _columns(**{k: tuple(v) if isinstance(v, list) else v for k, v in keys.items()})
+
+    return engine.sync_queue_declarations(
+        using=using, declared=validate_queue_declarations(declared), columns_for=columns_for
+    )

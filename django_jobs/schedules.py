@@ -414,7 +414,7 @@ def fire_due(*, backend: str, now: datetime | None = None, grace: float = 60.0, 
 
     now = now or dj_timezone.now()
     using = _database(backend)
-    counts = {"fired": 0, "skipped": 0, "lost_race": 0, "failed": 0}
+    counts = {"fired": 0, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
     due_rows = list(
         Schedule.objects.using(using)
         .filter(backend=backend, enabled=True, next_run_at__lte=now)
@@ -453,18 +453,23 @@ def _fire(sched: Any, using: str, now: datetime, grace: float, counts: dict[str,
         keep.add(missed[-1])
     fired = sched.iterations
     for i, tick in enumerate(ticks):
-        nxt = ticks[i + 1] if i + 1 < len(ticks) else following
+        nxt = natural = ticks[i + 1] if i + 1 < len(ticks) else following
         fire = tick in keep
         if fire and sched.limit is not None and fired >= sched.limit:
             fire, nxt = False, None  # the limit is reached: the schedule is done
         if fire and nxt is not None and sched.limit is not None and fired + 1 >= sched.limit:
             nxt = None
         job = _job_for(sched, tick, now) if fire else None
-        if not engine.advance_schedule(using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, now=now):
+        done = engine.advance_schedule(
+            using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, next_if_refused=natural, now=now
+        )
+        if done is None:
             counts["lost_race"] += 1
             break  # another worker fired it; its run carries on from here
-        counts["fired" if fire else "skipped"] += 1
-        fired += int(fire)
+        counts[done] += 1
+        fired += int(done == "fired")
+        if done == "refused":
+            nxt = natural  # a refused tick does not count against the limit
         if nxt is None:
             break
 

@@ -216,8 +216,8 @@ def drain_queue(
     enqueue of a ``keep_last_if_active`` dedup key a job once its holder finished, as the worker's
     dedup sweeper would. Concurrency and rate limits are not applied (jobs run one at a time
     here); pauses are, and a partition's jobs run in order, one per round. Raises RuntimeError
-    after ``max_rounds`` rounds in a row that started no job for the first time (a job that
-    keeps retrying or snoozing).
+    after ``max_rounds`` rounds in a row that started none of the jobs that were ready when the
+    drain began (a job that keeps retrying, snoozing or enqueueing another).
     """
     if not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an integer >= 1; got {max_rounds!r}.")
@@ -226,9 +226,12 @@ def drain_queue(
     counts = DrainResult()
     rounds = 0
     seen: set[uuid.UUID] = set()
+    scope = Job.objects.using(using).filter(backend=backend, state__in=["waiting", "delayed"])
+    waiting_at_start = set((scope.filter(queue=queue) if queue else scope).values_list("id", flat=True))
     while rounds < max_rounds:
         rounds += 1
         engine.promote_dedup_stashes(using=using, limit=1000, backend=backend)
+        engine.unblock_partitions(using=using, limit=1000)  # as the worker's partition sweeper would
         _make_due(
             using, backend, queue, with_retries=with_retries, with_scheduled=with_scheduled, snoozed=counts._snoozed
         )
@@ -243,10 +246,12 @@ def drain_queue(
         )
         if not claimed:
             return counts
-        fresh = {job.id for job in claimed} - seen
+        fresh = ({job.id for job in claimed} & waiting_at_start) - seen
         if fresh:
+            # Progress through what was enqueued before the drain (a partition's jobs come one per
+            # round); jobs the drain itself creates (a job enqueueing another) count as rounds.
             seen |= fresh
-            rounds = 0  # progress: a partition's jobs come one per round, so only repeats count
+            rounds = 0
         for job in claimed:
             _run(job, using, counts)
     hint = "with_scheduled=False (snoozed jobs then stay delayed)" if with_scheduled else "with_retries=False"

@@ -627,7 +627,7 @@ def test_ready_indexes_match_the_claim_order_on_postgresql():
     assert "(priority DESC, seq, id)" in definitions["django_jobs_ready_idx"]
     assert "(queue, priority DESC, seq, id)" in definitions["django_jobs_ready_queue_idx"]
     for name in ("django_jobs_ready_idx", "django_jobs_ready_queue_idx"):
-        assert "WHERE ((state)::text = 'waiting'::text)" in definitions[name]
+        assert "WHERE ((NOT blocked) AND ((state)::text = 'waiting'::text))" in definitions[name]
 
 
 @db

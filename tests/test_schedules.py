@@ -246,7 +246,7 @@ def test_a_fired_job_follows_the_template():
         options={"max_attempts": 4, "timeout": 30},
     )
     due_at(row, T0)
-    assert fire(T0 + seconds(1)) == {"fired": 1, "skipped": 0, "lost_race": 0, "failed": 0}
+    assert fire(T0 + seconds(1)) == {"fired": 1, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
     job = Job.objects.get()
     assert (job.task_path, job.args, job.kwargs, job.queue, job.priority) == (
         "tests.tasks.echo",
@@ -279,13 +279,13 @@ def test_unschedule_deletes_the_schedule_and_keeps_its_jobs():
     assert not Schedule.objects.exists()
     assert Job.objects.count() == 2
     assert schedules.unschedule("gone") is False
-    assert fire(T0 + seconds(5)) == {"fired": 0, "skipped": 0, "lost_race": 0, "failed": 0}
+    assert fire(T0 + seconds(5)) == {"fired": 0, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
 
 
 @pytest.mark.django_db
 def test_a_disabled_schedule_fires_nothing():
     row = due_at(schedules.schedule("off", "tests.tasks.noop", every=1, enabled=False), T0)
-    assert fire(T0 + seconds(10)) == {"fired": 0, "skipped": 0, "lost_race": 0, "failed": 0}
+    assert fire(T0 + seconds(10)) == {"fired": 0, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
     row.refresh_from_db()
     assert row.next_run_at == T0
 
@@ -293,11 +293,11 @@ def test_a_disabled_schedule_fires_nothing():
 @pytest.mark.django_db
 def test_one_run_fires_every_due_tick_and_a_second_run_at_the_same_time_fires_none():
     row = due_at(schedules.schedule("tick", "tests.tasks.noop", every=1), T0)
-    assert fire(T0 + seconds(2.5)) == {"fired": 3, "skipped": 0, "lost_race": 0, "failed": 0}
+    assert fire(T0 + seconds(2.5)) == {"fired": 3, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
     assert fired_ticks(row) == [T0, T0 + seconds(1), T0 + seconds(2)]
     row.refresh_from_db()
     assert (row.next_run_at, row.iterations) == (T0 + seconds(3), 3)
-    assert fire(T0 + seconds(2.5)) == {"fired": 0, "skipped": 0, "lost_race": 0, "failed": 0}
+    assert fire(T0 + seconds(2.5)) == {"fired": 0, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
 
 
 def test_schedule_and_unschedule_are_exported_by_the_package():
@@ -422,21 +422,21 @@ def downtime(policy: str) -> tuple[Schedule, dict]:
 def test_catch_up_latest_fires_only_the_latest_missed_tick():
     row, counts = downtime("latest")
     assert fired_ticks(row) == [T0 + seconds(540), T0 + seconds(600)]
-    assert counts == {"fired": 2, "skipped": 9, "lost_race": 0, "failed": 0}
+    assert counts == {"fired": 2, "skipped": 9, "refused": 0, "lost_race": 0, "failed": 0}
 
 
 @pytest.mark.django_db
 def test_catch_up_all_fires_every_missed_tick():
     row, counts = downtime("all")
     assert fired_ticks(row) == [T0 + seconds(60 * i) for i in range(11)]
-    assert counts == {"fired": 11, "skipped": 0, "lost_race": 0, "failed": 0}
+    assert counts == {"fired": 11, "skipped": 0, "refused": 0, "lost_race": 0, "failed": 0}
 
 
 @pytest.mark.django_db
 def test_catch_up_none_fires_no_missed_tick():
     row, counts = downtime("none")
     assert fired_ticks(row) == [T0 + seconds(600)]
-    assert counts == {"fired": 1, "skipped": 10, "lost_race": 0, "failed": 0}
+    assert counts == {"fired": 1, "skipped": 10, "refused": 0, "lost_race": 0, "failed": 0}
 
 
 @pytest.mark.django_db
@@ -445,7 +445,13 @@ def test_the_scheduler_service_reads_misfire_grace():
         return Scheduler(using="default", settings=get_settings("default"), interval=0.2, backend="default")
 
     row = due_at(schedules.schedule("graceful", "tests.tasks.noop", cron="* * * * *", catch_up="none"), T0)
-    assert service().run_once(now=T0 + seconds(630)) == {"fired": 1, "skipped": 10, "lost_race": 0, "failed": 0}
+    assert service().run_once(now=T0 + seconds(630)) == {
+        "fired": 1,
+        "skipped": 10,
+        "refused": 0,
+        "lost_race": 0,
+        "failed": 0,
+    }
     due_at(row, T0 + timedelta(hours=1))
     with jobs_settings(MISFIRE_GRACE=900):
         assert service().run_once(now=T0 + timedelta(hours=1, seconds=630))["fired"] == 11

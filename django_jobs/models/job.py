@@ -91,6 +91,11 @@ class Job(models.Model):
     pending_children = models.PositiveIntegerField(default=0)
     scheduler_key = models.CharField(max_length=255, null=True, blank=True)
     partition_key = models.CharField(max_length=255, null=True, blank=True)
+    #: A partitioned job that is not its partition's next one: kept out of the ready indexes so
+    #: claims do not walk a deep partition's backlog. A hint only (each claim still checks the
+    #: partition's order); set at insert, cleared for the partition's next job when one
+    #: finishes, and by the PartitionSweeper for any partition left without a runnable head.
+    blocked = models.BooleanField(default=False, db_default=False)
     trace_id = models.CharField(max_length=64, null=True, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
 
@@ -105,12 +110,12 @@ class Job(models.Model):
             models.Index(
                 fields=["-priority", "seq", "id"],
                 name="django_jobs_ready_idx",
-                condition=Q(state="waiting"),
+                condition=Q(state="waiting", blocked=False),
             ),
             models.Index(
                 fields=["queue", "-priority", "seq", "id"],
                 name="django_jobs_ready_queue_idx",
-                condition=Q(state="waiting"),
+                condition=Q(state="waiting", blocked=False),
             ),
             # Delayed jobs by due time (the promoter).
             models.Index(fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")),
@@ -128,6 +133,12 @@ class Job(models.Model):
                 fields=["queue", "partition_key", "id"],
                 name="django_jobs_unfinished_idx",
                 condition=Q(state__in=list(UNFINISHED_STATES)),
+            ),
+            # Unfinished jobs that wait for their partition's turn (the PartitionSweeper's scan).
+            models.Index(
+                fields=["queue", "partition_key", "id"],
+                name="django_jobs_blocked_idx",
+                condition=Q(blocked=True, state__in=list(UNFINISHED_STATES)),
             ),
             # Running jobs by queue and partition (a small set): a concurrency limit's count and
             # the "is a job of this partition running?" probe.

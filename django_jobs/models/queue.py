@@ -42,7 +42,12 @@ class QueueState(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(rate_limit__isnull=True, rate_window_seconds__isnull=True)
-                | Q(rate_limit__gte=1, rate_window_seconds__gt=0),
+                | Q(
+                    rate_limit__isnull=False,
+                    rate_window_seconds__isnull=False,
+                    rate_limit__gte=1,
+                    rate_window_seconds__gt=0,
+                ),
                 name="django_jobs_queue_rate_valid",
             ),
             models.CheckConstraint(
@@ -54,7 +59,12 @@ class QueueState(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(partition_rate_limit__isnull=True, partition_rate_window_seconds__isnull=True)
-                | Q(partition_rate_limit__gte=1, partition_rate_window_seconds__gt=0),
+                | Q(
+                    partition_rate_limit__isnull=False,
+                    partition_rate_window_seconds__isnull=False,
+                    partition_rate_limit__gte=1,
+                    partition_rate_window_seconds__gt=0,
+                ),
                 name="django_jobs_partition_rate_valid",
             ),
             models.CheckConstraint(

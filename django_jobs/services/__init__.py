@@ -2,8 +2,9 @@
 
 from .base import Service
 from .dedup import DedupSweeper
+from .partitions import PartitionSweeper
 from .promoter import Promoter
 from .rescuer import Reaper, Rescuer
 from .scheduler import Scheduler
 
-__all__ = ["DedupSweeper", "Promoter", "Reaper", "Rescuer", "Scheduler", "Service"]
+__all__ = ["DedupSweeper", "PartitionSweeper", "Promoter", "Reaper", "Rescuer", "Scheduler", "Service"]

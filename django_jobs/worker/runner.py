@@ -9,7 +9,7 @@ Threads of one worker process:
   event loop thread while the executor thread holds their slot);
 * the **completer** writes outcomes in batches, guarded on each job's lease;
 * the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
-  the services (promoter, rescuer, reaper, dedup sweeper, scheduler);
+  the services (promoter, rescuer, reaper, dedup sweeper, partition sweeper, scheduler);
 * the **watchdog** gives up attempts that run past their timeout: it records them as failed,
   frees their slot and starts a new executor thread (a Python thread cannot be killed; the old
   one runs on and its late outcome is discarded);
@@ -43,7 +43,7 @@ from ..conf import get_settings
 from ..db import is_transient
 from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
 from ..models import Job
-from ..services import DedupSweeper, Promoter, Reaper, Rescuer, Scheduler
+from ..services import DedupSweeper, PartitionSweeper, Promoter, Reaper, Rescuer, Scheduler
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
@@ -203,6 +203,7 @@ class Worker:
         self._wake = threading.Event()
         self._gated: list[str] = []
         self._gated_checked_at = float("-inf")
+        self._claim_rounds = 0
         self._slots = threading.Condition()
         self._inflight = 0
         self._claimed_total = 0
@@ -223,6 +224,12 @@ class Worker:
                 declaration_fields(name, declaration)
             except InvalidSchedule as exc:
                 raise InvalidWorkerOption(f"SCHEDULES: {exc}") from None
+        from ..queues import validate_queue_declarations
+
+        try:
+            validate_queue_declarations(self.settings.QUEUES)
+        except JobsConfigurationError as exc:
+            raise InvalidWorkerOption(str(exc)) from None
         # Attempts of the jobs this worker claimed, from the claim to the end of the attempt: the
         # watchdog reads their deadlines, cancels reach them here (even before they start).
         self._attempts: dict[Any, Attempt] = {}
@@ -308,17 +315,7 @@ class Worker:
             self._wake.clear()
             wake_in: float | None = None
             try:
-                jobs = engine.claim_jobs(
-                    using=self.using,
-                    queues=self.queues,
-                    limit=free,
-                    worker_id=self.worker_id,
-                    lease_seconds=self.settings.LEASE_SECONDS,
-                    backend=self.backend,
-                )
-                if len(jobs) < free:
-                    gated, wake_in = self._claim_gated(free - len(jobs))
-                    jobs += gated
+                jobs, wake_in = self._claim(free)
                 failures = 0
             except DatabaseError as exc:
                 if not is_transient(exc):
@@ -350,6 +347,43 @@ class Worker:
                 if wake_in is not None:  # a rate limit frees a start then
                     timeout = min(timeout, max(wake_in, 0.001))
                 self._wake.wait(timeout=timeout)
+
+    def _claim(self, free: int) -> tuple[list[Any], float | None]:
+        """Claim up to ``free`` jobs: from the queues without limits (one statement) and from the
+        limited ones (each under its lock), the limited ones first every other round so a busy
+        unlimited queue cannot starve them. Jobs already claimed are kept when the second step
+        meets a transient database error (it is retried next round)."""
+
+        def fast(n: int) -> tuple[list[Any], float | None]:
+            jobs = engine.claim_jobs(
+                using=self.using,
+                queues=self.queues,
+                limit=n,
+                worker_id=self.worker_id,
+                lease_seconds=self.settings.LEASE_SECONDS,
+                backend=self.backend,
+            )
+            return jobs, None
+
+        steps = [self._claim_gated, fast] if self._claim_rounds % 2 else [fast, self._claim_gated]
+        self._claim_rounds += 1
+        jobs: list[Any] = []
+        wake: float | None = None
+        for step in steps:
+            if len(jobs) >= free:
+                break
+            try:
+                got, wake_in = step(free - len(jobs))
+            except DatabaseError as exc:
+                if not jobs or not is_transient(exc):
+                    raise
+                logger.warning("Worker %s: a claim failed (%s); keeping the %d job(s) claimed.",
+                               self.worker_id, exc, len(jobs))  # fmt: skip
+                break
+            jobs += got
+            if wake_in is not None:
+                wake = wake_in
+        return jobs, wake
 
     def _claim_gated(self, free: int) -> tuple[list[Any], float | None]:
         """Claim from this worker's queues that have a concurrency or rate limit (each under its
@@ -383,10 +417,10 @@ class Worker:
         from ..queues import sync_queues
         from ..schedules import declared_schedules, sync_schedules
 
-        if self.settings.QUEUES:
-            changed = sync_queues(using=self.using, declared=self.settings.QUEUES)
-            if changed:
-                logger.info("Worker %s applied DJANGO_JOBS['QUEUES'] to %d queue(s).", self.worker_id, changed)
+        # Always, even with no QUEUES: a queue removed from it gets its declared limits back to none.
+        changed = sync_queues(using=self.using, declared=self.settings.QUEUES)
+        if changed:
+            logger.info("Worker %s applied DJANGO_JOBS['QUEUES'] to %d queue(s).", self.worker_id, changed)
         if declared_schedules(self.backend):
             counts = sync_schedules(self.backend)
             if any(counts.values()):
@@ -641,6 +675,10 @@ class Worker:
 
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
         """Count what was stored and send the job signals (completer thread)."""
+        if written:
+            # A job that finished or went back to wait may let another start (its partition's
+            # next one, one more of a limited queue): claim again rather than sleep out the poll.
+            self._wake.set()
         for o in outcomes:
             state = written.get(o.job_id)
             if state is None:
@@ -681,6 +719,7 @@ class Worker:
             Rescuer(**common, interval=s.RESCUE_INTERVAL),
             Reaper(**common, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS)),
             DedupSweeper(**common, interval=s.PROMOTE_INTERVAL),
+            PartitionSweeper(**common, interval=s.PROMOTE_INTERVAL),
             Scheduler(**common, interval=s.PROMOTE_INTERVAL),
         ]
         is_leader = False
