@@ -2,7 +2,8 @@
 SQLite file with ``JOBS_BENCH_VENDOR=sqlite`` (the enqueue_many measurement uses both).
 
 ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the server, ``JOBS_BENCH_DB`` the database.
-Worker subprocesses started by ``benchmarks/throughput.py`` use this module too.
+Worker subprocesses started by ``benchmarks/throughput.py`` and ``benchmarks/limits.py`` use this
+module too.
 """
 
 import os
@@ -23,6 +24,10 @@ DATABASES = {
 }
 TASKS = {"default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}}}
 DJANGO_JOBS = {"MAX_ATTEMPTS": 1}
+# benchmarks/limits.py shortens the lease (and the rescuer's interval) for its SIGKILL run.
+for _name in ("LEASE_SECONDS", "RESCUE_INTERVAL"):
+    if os.environ.get(f"JOBS_BENCH_{_name}"):
+        DJANGO_JOBS[_name] = float(os.environ[f"JOBS_BENCH_{_name}"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":

@@ -968,7 +968,7 @@ def unblock_partitions(*, using: str, limit: int) -> int:
             return 0
         freed = _unblock_heads(cursor, d, stuck)
     if freed:
-        logger.info("Unblocked the next job of %d partition(s) left without one.", freed)
+        logger.debug("Unblocked the next job of %d partition(s) left without one.", freed)
         notify(using, sorted({q for q, _ in stuck}))
     return freed
 
@@ -1238,7 +1238,7 @@ def _partition_free(concurrency: int) -> str:
     ``concurrency`` 1: no earlier job of its (queue, partition) is unfinished (so partitions run
     in order: a failed job waiting for its retry blocks the ones after it) and none is running
     (a job whose enqueue committed after a later one started must not run beside it). Each is
-    one probe of a partial index (django_jobs_unfinished_idx, django_jobs_active_queue_idx).
+    one probe of a partial index (django_jobs_unfinished_idx, django_jobs_part_active_idx).
     Exact without a lock: "unfinished" only shrinks, so a job every snapshot sees as blocked
     stays blocked until its predecessors are committed as finished.
 
@@ -1247,7 +1247,7 @@ def _partition_free(concurrency: int) -> str:
     """
     same = "p.queue = j.queue AND p.partition_key = j.partition_key"
     earlier = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state IN {UNFINISHED_SQL} AND p.id < j.id"
-    running = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state = 'active'"
+    running = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state = 'active' AND p.partition_key IS NOT NULL"
     if concurrency == 1:
         return f"(j.partition_key IS NULL OR (NOT EXISTS ({earlier}) AND NOT EXISTS ({running})))"
     return (
@@ -1351,9 +1351,13 @@ def claim_jobs(
         where_params += params
     else:
         # Paused and gated queues are skipped here, in the claim itself: a pause or a limit holds
-        # for every worker from the moment it commits (a primary-key probe of a small table).
+        # for every worker from the moment it commits. An uncorrelated NOT IN, so the database
+        # reads the (small) table once per statement into a hashed set. Not a correlated NOT
+        # EXISTS: PostgreSQL turns that into an anti-join it expects to remove nearly every row,
+        # prices the LIMIT as a walk of the whole ready index and JIT-compiles every claim (0.5-1 s
+        # per claim on a 100,000-job backlog, against 0.3 ms this way).
         skipped = f"(q.paused OR {_GATED_SQL})" if skip_gated else "q.paused"
-        where.append(f"NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} q WHERE q.name = j.queue AND {skipped})")
+        where.append(f"j.queue NOT IN (SELECT q.name FROM {QUEUE_TABLE} q WHERE {skipped})")
         where.append(_partition_free(1))
     sql, params = _claim_statement(
         d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
@@ -1606,9 +1610,10 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     requeued = {r[1] for r in rows if r[2] == JobState.WAITING}
     turns = {(r[1], r[4]) for r in rows if r[4] is not None and r[2] in FINISHED_STATES}
     if turns:
-        # Their partitions' next jobs may run now (autocommit, like the outcomes: a crash in
-        # between leaves them blocked for the PartitionSweeper).
-        with connections[using].cursor() as cursor:
+        # Their partitions' next jobs may run now: one transaction for the batch (one commit, not
+        # one per partition). After the outcomes' own commit: a crash in between leaves them
+        # blocked for the PartitionSweeper.
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
             if _unblock_heads(cursor, d, turns):
                 requeued |= {q for q, _ in turns}
     if requeued:

@@ -140,12 +140,13 @@ class Job(models.Model):
                 name="django_jobs_blocked_idx",
                 condition=Q(blocked=True, state__in=list(UNFINISHED_STATES)),
             ),
-            # Running jobs by queue and partition (a small set): a concurrency limit's count and
-            # the "is a job of this partition running?" probe.
+            # Running jobs of partitions: the "is a job of this partition running?" probe. Only
+            # partitioned rows, so a plain job's claim does not pay for one more index entry (a
+            # concurrency limit counts the queue's running jobs through django_jobs_active_idx).
             models.Index(
                 fields=["queue", "partition_key"],
-                name="django_jobs_active_queue_idx",
-                condition=Q(state="active"),
+                name="django_jobs_part_active_idx",
+                condition=Q(state="active", partition_key__isnull=False),
             ),
             # The jobs of one pipeline (django_jobs.trace()).
             models.Index(fields=["trace_id"], name="django_jobs_trace_idx"),
