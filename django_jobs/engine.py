@@ -935,8 +935,23 @@ def _unblock_heads(cursor: Any, d: Dialect, partitions: set[tuple[str, str]]) ->
     right after; a job reaching a final state calls it for its partition. A hint only: two
     enqueues racing a finish can leave a partition's next job blocked, which the
     PartitionSweeper (:func:`unblock_partitions`) clears within one of its intervals."""
+    if not partitions:
+        return 0
+    keys = sorted(partitions)
+    if d.pg:
+        # One statement for the batch (an outcome batch finishes jobs of many partitions): per
+        # (queue, partition), its first partition_concurrency (default 1) unfinished jobs.
+        values = ", ".join(["(%s::text, %s::text)"] * len(keys))
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET blocked = false WHERE id IN (SELECT n.id FROM (VALUES {values}) v(q, p) "
+            f"CROSS JOIN LATERAL (SELECT u.id FROM {JOB_TABLE} u WHERE u.queue = v.q AND u.partition_key = v.p "
+            f"AND u.state IN {UNFINISHED_SQL} ORDER BY u.id LIMIT (SELECT COALESCE(MAX(partition_concurrency), 1) "
+            f"FROM {QUEUE_TABLE} WHERE name = v.q)) n) AND blocked",
+            [x for key in keys for x in key],
+        )
+        return cursor.rowcount
     freed = 0
-    for queue, partition in sorted(partitions):
+    for queue, partition in keys:
         # The first partition_concurrency (default 1) unfinished jobs may run.
         cursor.execute(
             f"UPDATE {JOB_TABLE} SET blocked = {d.false()} WHERE id IN (SELECT id FROM {JOB_TABLE} WHERE queue = %s "
