@@ -1098,3 +1098,24 @@ def test_a_paused_gated_queue_is_not_claimed_until_resumed():
     q.resume()
     assert len(claim_gated("paused-gated")[0]) == 1
     assert q.limits == QueueLimits(concurrency=2, rate_limit=(10, 60.0)), "pause and resume keep the limits"
+
+
+@pytest.mark.django_db
+def test_an_admin_edit_goes_through_the_engine_and_drops_a_removed_rate_limits_log(admin_client):
+    django_jobs.queue("admin-q").set_rate_limit(2, 60)
+    enqueue("admin-q", 3)
+    jobs, _ = claim_gated("admin-q", n=3)
+    assert len(jobs) == 2 and JobStart.objects.filter(queue="admin-q").count() == 2
+    form = {"name": "admin-q", "concurrency_limit": "4", "rate_limit": "", "rate_window_seconds": "",
+            "max_size": "", "partition_concurrency": "", "partition_rate_limit": "",
+            "partition_rate_window_seconds": "", "partition_max_size": ""}  # fmt: skip
+    page = admin_client.post("/admin/django_jobs/queuestate/admin-q/change/", form)
+    assert page.status_code == 302, page.content.decode()[:2000]
+    assert django_jobs.queue("admin-q").limits == QueueLimits(concurrency=4)
+    assert not JobStart.objects.filter(queue="admin-q").exists(), "the removed rate limit's log went with it"
+    page = admin_client.post("/admin/django_jobs/queuestate/add/", {**form, "name": "admin-new", "max_size": "0"})
+    assert page.status_code == 200 and "at least 1" in page.content.decode()
+    assert not QueueState.objects.filter(name="admin-new").exists()
+    page = admin_client.post("/admin/django_jobs/queuestate/add/", {**form, "name": "admin-new", "max_size": "5"})
+    assert page.status_code == 302
+    assert django_jobs.queue("admin-new").limits == QueueLimits(concurrency=4, max_size=5)

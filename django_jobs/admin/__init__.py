@@ -120,6 +120,16 @@ class QueueStateAdmin(admin.ModelAdmin):
     )  # fmt: skip
     readonly_fields = ("declared", "updated_at")
 
+    def save_model(self, request, obj, form, change):
+        """Through the engine, like ``django_jobs.queue(...).configure()``: a loosened limit wakes
+        the workers (NOTIFY) and a removed rate limit drops its start log."""
+        from .. import engine
+        from ..conf import get_settings
+
+        names = [f for f in form.changed_data if f != "name"] if change else list(form.cleaned_data)
+        changes = {f: form.cleaned_data[f] for f in names if f != "name"}
+        engine.update_queue_state(using=get_settings().DATABASE, queue=obj.name, changes=changes)
+
 
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
