@@ -1,0 +1,183 @@
+"""``manage.py jobs``: the operations console in a terminal. Formatting only; what it shows comes
+from :mod:`django_jobs.console` and what it changes goes through :mod:`django_jobs.api` and
+:func:`django_jobs.queue`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.tasks.exceptions import TaskResultDoesNotExist
+
+from ...exceptions import JobsError
+
+
+class Command(BaseCommand):
+    help = "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
+        sub = parser.add_subparsers(dest="action", required=True)
+        status = sub.add_parser("status", help="Unfinished jobs per queue and state, flags and limits.")
+        status.add_argument("--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
+        listing = sub.add_parser("list", help="The newest jobs, filtered.")
+        listing.add_argument("--queue")
+        listing.add_argument("--state")
+        listing.add_argument("--task", help="Dotted task path.")
+        listing.add_argument("--limit", type=int, default=20)
+        show = sub.add_parser("show", help="One job: arguments, result, errors with tracebacks, log.")
+        show.add_argument("job_id")
+        for name, text in (("retry", "Re-queue failed or cancelled jobs."), ("cancel", "Cancel jobs.")):
+            p = sub.add_parser(name, help=text)
+            p.add_argument("job_ids", nargs="+", metavar="ID")
+        for name in ("pause", "resume"):
+            p = sub.add_parser(name, help=f"{name.capitalize()} a queue for every worker.")
+            p.add_argument("queue")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django.tasks import task_backends
+
+        backend = options["backend"]
+        try:
+            self.using = task_backends[backend].database
+        except Exception as exc:  # noqa: BLE001 - an unknown alias or a non-jobs backend
+            raise CommandError(f"--backend {backend!r} is not a django-jobs backend in TASKS ({exc}).") from None
+        self.backend = backend
+        getattr(self, "do_" + options["action"])(**options)
+
+    # -- views ------------------------------------------------------------------------------------
+
+    def do_status(self, watch: float | None = None, **_: Any) -> None:
+        if watch is not None and watch <= 0:
+            raise CommandError(f"--watch must be > 0 seconds; got {watch}.")
+        while True:
+            self.stdout.write(self._status_table())
+            if watch is None:
+                return
+            try:
+                time.sleep(watch)
+            except KeyboardInterrupt:
+                return
+            self.stdout.write("")
+
+    def _status_table(self) -> str:
+        from ...console import queue_overview
+
+        rows = queue_overview(using=self.using, backend=self.backend)
+        head = [
+            "queue",
+            "waiting",
+            "delayed",
+            "active",
+            "waiting-children",
+            "paused",
+            "concurrency",
+            "rate",
+            "max size",
+        ]
+        body = [
+            [
+                r.name,
+                *(str(r.counts[s]) for s in ("waiting", "delayed", "active", "waiting-children")),
+                "yes" if r.paused else "",
+                "" if r.concurrency is None else str(r.concurrency),
+                "" if r.rate_limit is None else f"{r.rate_limit[0]}/{r.rate_limit[1]:g}s",
+                "" if r.max_size is None else str(r.max_size),
+            ]
+            for r in rows
+        ]
+        if not body:
+            return "No queues with unfinished jobs or settings."
+        return _table(head, body)
+
+    def do_list(self, queue=None, state=None, task=None, limit=20, **_: Any) -> None:  # noqa: ANN001
+        from ...console import list_jobs
+
+        if limit < 1:
+            raise CommandError(f"--limit must be >= 1; got {limit}.")
+        try:
+            jobs = list_jobs(using=self.using, backend=self.backend, queue=queue, state=state, task=task, limit=limit)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        head = ["id", "task", "queue", "state", "attempts", "enqueued"]
+        body = [
+            [str(j.id), j.task_path, j.queue, j.state, f"{j.attempts}/{j.max_attempts}", j.enqueued_at.isoformat()]
+            for j in jobs
+        ]
+        self.stdout.write(_table(head, body) if body else "No jobs match.")
+
+    def do_show(self, job_id: str, **_: Any) -> None:
+        from ...console import job_detail
+
+        found = job_detail(using=self.using, job_id=job_id)
+        if found is None:
+            raise CommandError(f"No job with id {job_id!r}.")
+        job, logs = found
+        lines = [
+            f"id          {job.id}",
+            f"task        {job.task_path}",
+            f"queue       {job.queue}" + (f"  partition {job.partition_key}" if job.partition_key else ""),
+            f"state       {job.state}  attempts {job.attempts}/{job.max_attempts}  priority {job.priority}",
+            f"enqueued    {job.enqueued_at.isoformat()}",
+            f"started     {job.started_at.isoformat() if job.started_at else '-'}",
+            f"finished    {job.finished_at.isoformat() if job.finished_at else '-'}",
+            f"args        {json.dumps(job.args)}",
+            f"kwargs      {json.dumps(job.kwargs)}",
+            f"result      {json.dumps(job.return_value)}",
+            f"progress    {json.dumps(job.progress)}",
+            f"trace       {job.trace_id or '-'}   parent {job.parent_id or '-'}",
+        ]
+        for error in job.errors:
+            lines += ["", f"error (attempt {error.get('attempt', '?')}): {error.get('exception_class_path')}"]
+            lines += ["  " + line for line in str(error.get("traceback", "")).rstrip().splitlines()]
+        if logs:
+            lines += ["", "log:"] + [f"  {log.created_at.isoformat()}  {log.line}" for log in logs]
+        self.stdout.write("\n".join(lines))
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def do_retry(self, job_ids: list[str], **_: Any) -> None:
+        self._each(job_ids, "retry", "re-queued")
+
+    def do_cancel(self, job_ids: list[str], **_: Any) -> None:
+        self._each(job_ids, "cancel", "cancelled (a running job is told to stop)")
+
+    def _each(self, job_ids: list[str], verb: str, done: str) -> None:
+        import django_jobs
+
+        failed = []
+        for job_id in job_ids:
+            try:
+                getattr(django_jobs, verb)(job_id, backend=self.backend)
+            except (TaskResultDoesNotExist, JobsError) as exc:
+                failed.append(job_id)
+                self.stderr.write(f"{job_id}: {exc}")
+                continue
+            self.stdout.write(f"{job_id}: {done}")
+        if failed:
+            raise CommandError(f"{len(failed)} of {len(job_ids)} job(s) failed to {verb}: {', '.join(failed)}.")
+
+    def do_pause(self, queue: str, **_: Any) -> None:
+        self._queue(queue).pause()
+        self.stdout.write(f"Queue {queue!r} paused: running jobs finish, no new one starts.")
+
+    def do_resume(self, queue: str, **_: Any) -> None:
+        self._queue(queue).resume()
+        self.stdout.write(f"Queue {queue!r} resumed.")
+
+    def _queue(self, name: str) -> Any:
+        import django_jobs
+
+        try:
+            return django_jobs.queue(name, backend=self.backend)
+        except JobsError as exc:
+            raise CommandError(str(exc)) from None
+
+
+def _table(head: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
