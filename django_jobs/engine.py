@@ -979,12 +979,9 @@ def unblock_partitions(*, using: str, limit: int) -> int:
             [limit],
         )
         stuck = {(q, p) for q, p in cursor.fetchall()}
-        if not stuck:
-            return 0
-        freed = _unblock_heads(cursor, d, stuck)
+    freed = _unblock_partitions(using, stuck)
     if freed:
         logger.debug("Unblocked the next job of %d partition(s) left without one.", freed)
-        notify(using, sorted({q for q, _ in stuck}))
     return freed
 
 
@@ -1795,18 +1792,28 @@ def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> 
     return retried
 
 
+def _partitions_of(using: str, job_ids: list[uuid.UUID], *, unfinished: bool = False) -> set[tuple[str, str]]:
+    """(queue, partition) of the partitioned jobs among ``job_ids`` (only unfinished ones)."""
+    jobs = Job.objects.using(using).filter(id__in=job_ids, partition_key__isnull=False)
+    if unfinished:
+        jobs = jobs.exclude(state__in=FINISHED_STATES)
+    return set(jobs.values_list("queue", "partition_key"))
+
+
+def _unblock_partitions(using: str, keys: set[tuple[str, str]]) -> int:
+    """Let the next jobs of these partitions run now (after a cancel, delete or retry changed
+    which job is next, or when the sweeper finds one stuck) and wake their queues' workers."""
+    if not keys:
+        return 0
+    with connections[using].cursor() as cursor:
+        freed = _unblock_heads(cursor, Dialect(using), keys)
+    if freed:
+        notify(using, sorted({q for q, _ in keys}))
+    return freed
+
+
 def _unblock_partitions_of(using: str, job_ids: list[uuid.UUID]) -> None:
-    """Let the next jobs of the partitions of ``job_ids`` run (after a cancel, delete or retry
-    changed which job is next); the PartitionSweeper would, later."""
-    keys = set(
-        Job.objects.using(using)
-        .filter(id__in=job_ids, partition_key__isnull=False)
-        .values_list("queue", "partition_key")
-    )
-    if keys:
-        with connections[using].cursor() as cursor:
-            if _unblock_heads(cursor, Dialect(using), keys):
-                notify(using, sorted({q for q, _ in keys}))
+    _unblock_partitions(using, _partitions_of(using, job_ids))
 
 
 def is_cancel_requested(*, using: str, job_id: uuid.UUID) -> bool:
@@ -2231,8 +2238,7 @@ def update_queue_state(*, using: str, queue: str, changes: dict[str, Any]) -> No
                 .values_list("partition_key", flat=True)
                 .distinct()
             )
-            with connections[using].cursor() as cursor:
-                _unblock_heads(cursor, Dialect(using), {(queue, p) for p in blocked if p is not None})
+            _unblock_partitions(using, {(queue, p) for p in blocked if p is not None})
     notify(using, [queue])
 
 
@@ -2301,16 +2307,9 @@ def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = 
             finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in unfinished_children],
             now=now,
         )
-        partitions = set(
-            Job.objects.using(using)
-            .filter(id__in=job_ids, partition_key__isnull=False)
-            .exclude(state__in=FINISHED_STATES)
-            .values_list("queue", "partition_key")
-        )
+        partitions = _partitions_of(using, job_ids, unfinished=True)
         deleted, by_model = Job.objects.using(using).filter(id__in=job_ids).delete()
-        if partitions:  # their partitions' next jobs may run now
-            with connections[using].cursor() as cursor:
-                _unblock_heads(cursor, Dialect(using), partitions)
+        _unblock_partitions(using, partitions)  # their partitions' next jobs may run now
     return by_model.get(Job._meta.label, 0)
 
 

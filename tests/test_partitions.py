@@ -11,6 +11,7 @@ out of order, and that nothing was lost or run twice (also with one worker SIGKI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -312,18 +313,17 @@ def test_a_cancelled_job_retried_behind_a_waiting_successor_runs_first_and_does_
     assert state_of(head.id) == "completed"
 
 
-@pytest.mark.postgres
-@committing
-def test_a_job_committed_late_with_an_earlier_id_does_not_run_beside_the_active_one():
-    """Out-of-order commit: job A gets the smaller id but its transaction commits after job B was
-    inserted and claimed. A must wait while B runs (the "none is running" half of the rule)."""
+@contextlib.contextmanager
+def enqueued_in_an_open_transaction(partition: str):
+    """A job of ``partition`` inserted by another connection whose transaction stays open for the
+    block and commits at its end; yields a dict holding that job under "job"."""
     inserted, release, failed = threading.Event(), threading.Event(), []
     early: dict[str, Job] = {}
 
     def enqueue_in_a_long_transaction():
         try:
             with transaction.atomic():
-                early["job"] = make_job("p")
+                early["job"] = make_job(partition)
                 inserted.set()
                 assert release.wait(20)
         except BaseException as exc:  # noqa: BLE001 - reported by the test thread
@@ -336,14 +336,23 @@ def test_a_job_committed_late_with_an_earlier_id_does_not_run_beside_the_active_
     thread.start()
     try:
         assert inserted.wait(20) and not failed
-        late = make_job("p")
-        assert early["job"].id < late.id
-        [running] = claim()  # A is not committed yet: B is the head this snapshot sees
-        assert running.id == late.id
+        yield early
     finally:
         release.set()
         thread.join(20)
     assert not failed, failed
+
+
+@pytest.mark.postgres
+@committing
+def test_a_job_committed_late_with_an_earlier_id_does_not_run_beside_the_active_one():
+    """Out-of-order commit: job A gets the smaller id but its transaction commits after job B was
+    inserted and claimed. A must wait while B runs (the "none is running" half of the rule)."""
+    with enqueued_in_an_open_transaction("p") as early:
+        late = make_job("p")
+        assert early["job"].id < late.id
+        [running] = claim()  # A is not committed yet: B is the head this snapshot sees
+        assert running.id == late.id
     assert state_of(early["job"].id) == "waiting"
     assert claim() == [], "the late-committed job must not run while its partition runs a job"
     finish(running)
@@ -355,33 +364,11 @@ def test_a_job_committed_late_with_an_earlier_id_does_not_run_beside_the_active_
 def test_an_enqueue_committing_while_its_partitions_head_finishes_does_not_stall_the_partition():
     """The race the sweeper is for: job A's transaction is open while the head finishes and a
     later job B becomes the partition's next. Once A commits, A runs (it is earlier), then B."""
-    inserted, release, failed = threading.Event(), threading.Event(), []
-    early: dict[str, Job] = {}
     first = make_job("p")
     [running] = claim()
-
-    def enqueue_in_a_long_transaction():
-        try:
-            with transaction.atomic():
-                early["job"] = make_job("p")
-                inserted.set()
-                assert release.wait(20)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            failed.append(exc)
-            inserted.set()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=enqueue_in_a_long_transaction)
-    thread.start()
-    try:
-        assert inserted.wait(20) and not failed
+    with enqueued_in_an_open_transaction("p") as early:
         late = make_job("p")
         finish(running)  # A is not committed yet: B is the next job this moment sees
-    finally:
-        release.set()
-        thread.join(20)
-    assert not failed, failed
     assert first.id < early["job"].id < late.id
     order = []
     for _ in range(4):
