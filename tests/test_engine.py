@@ -596,7 +596,8 @@ PARTIAL_INDEXES = (
     "django_jobs_ready_queue_idx",
     "django_jobs_delayed_idx",
     "django_jobs_active_idx",
-    "django_jobs_finished_idx",
+    "django_jobs_finished_q_idx",
+    "django_jobs_purge_idx",
 )
 
 

@@ -2,6 +2,7 @@
 
 from .dedup import JobDedup, JobDedupNext
 from .dependency import DependencyStatus, FailurePolicy, JobDependency
+from .event import Event, Metric
 from .job import Job, JobQuerySet
 from .log import JobLog
 from .queue import JobStart, QueueState
@@ -10,6 +11,8 @@ from .worker import Worker
 
 __all__ = [
     "DependencyStatus",
+    "Event",
+    "Metric",
     "FailurePolicy",
     "Job",
     "JobDedup",

@@ -84,6 +84,9 @@ class Job(models.Model):
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    #: When the pruner may delete this finished job: ``finished_at`` plus its retention age
+    #: (task, queue or global setting; docs/howto/retention.md). None: unfinished, or kept.
+    purge_at = models.DateTimeField(null=True, blank=True)
 
     # Columns for the features that follow (dedup, flows, schedules, partitions, tracing).
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
@@ -121,12 +124,14 @@ class Job(models.Model):
             models.Index(fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")),
             # Active jobs by lease expiry (the rescuer).
             models.Index(fields=["lease_expires_at"], name="django_jobs_active_idx", condition=Q(state="active")),
-            # Finished jobs by age (retention, admin listings).
+            # Finished jobs of a queue by age: queue(...).clean() and the pruner's count limits.
             models.Index(
-                fields=["finished_at"],
-                name="django_jobs_finished_idx",
+                fields=["queue", "finished_at"],
+                name="django_jobs_finished_q_idx",
                 condition=Q(state__in=["completed", "failed", "cancelled"]),
             ),
+            # Finished jobs by the time retention lets them go (the pruner).
+            models.Index(fields=["purge_at"], name="django_jobs_purge_idx", condition=Q(purge_at__isnull=False)),
             # Unfinished jobs by queue and partition, in partition order: the size a max_size
             # checks, and the "is an earlier job of this partition unfinished?" probe of a claim.
             models.Index(
@@ -150,6 +155,11 @@ class Job(models.Model):
             ),
             # The jobs of one pipeline (django_jobs.trace()).
             models.Index(fields=["trace_id"], name="django_jobs_trace_idx"),
+        ]
+        permissions = [
+            ("retry_job", "Can retry failed or cancelled jobs"),
+            ("cancel_job", "Can cancel jobs"),
+            ("run_job_now", "Can run delayed jobs now"),
         ]
         constraints = [
             models.CheckConstraint(

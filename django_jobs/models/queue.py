@@ -35,6 +35,7 @@ class QueueState(models.Model):
         db_table = "django_jobs_queuestate"
         verbose_name = "queue"
         ordering = ("name",)
+        permissions = [("control_queue", "Can pause, resume, drain and clean queues and change their limits")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gte=1),

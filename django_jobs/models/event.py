@@ -1,0 +1,66 @@
+"""Lifecycle events and per-minute metrics (seed tables ``event`` and ``metrics``).
+
+Both are written by :mod:`django_jobs.engine` in the transaction that makes the change they
+record, so an event or a count is never ahead of, or behind, the job rows it describes.
+"""
+
+from django.db import models
+
+
+class Event(models.Model):
+    """One lifecycle step of a job (``job_id`` set) or of a queue (paused, resumed).
+
+    Readers page forward with :func:`django_jobs.events`, ordered by ``(txid, id)``: on
+    PostgreSQL ids are handed out before commit, so a later id can commit first; ``txid`` (the
+    writing transaction's id) lets a reader return only events no running transaction can still
+    precede (see :func:`django_jobs.events.events`). SQLite has one writer at a time: ``txid`` is 0
+    and ids commit in order.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    txid = models.BigIntegerField(default=0)
+    queue = models.CharField(max_length=100)
+    job_id = models.UUIDField(null=True, blank=True)
+    #: enqueued, promoted, active, progress, completed, failed, retried, snoozed, stalled,
+    #: rescued, released, cancelled, removed, paused, resumed (docs/reference/events.md).
+    kind = models.CharField(max_length=20)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "django_jobs_event"
+        ordering = ("txid", "id")
+        indexes = [
+            models.Index(fields=["txid", "id"], name="django_jobs_event_order_idx"),
+            models.Index(fields=["queue", "txid", "id"], name="django_jobs_event_queue_idx"),
+            models.Index(fields=["job_id"], name="django_jobs_event_job_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.queue} {self.job_id or ''}".rstrip()
+
+
+class Metric(models.Model):
+    """Jobs finished in one queue in one minute, written with the outcome batches.
+
+    ``runtime_ms`` sums the last attempt's run time of the completed and failed jobs, so the
+    average duration of a minute is ``runtime_ms / (completed + failed)``.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=100)
+    minute = models.DateTimeField()
+    completed = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    #: Attempts that ended in a retry (the job runs again later).
+    retried = models.BigIntegerField(default=0)
+    runtime_ms = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "django_jobs_metric"
+        ordering = ("queue", "minute")
+        constraints = [models.UniqueConstraint(fields=["queue", "minute"], name="django_jobs_metric_queue_minute")]
+        indexes = [models.Index(fields=["minute"], name="django_jobs_metric_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.minute:%Y-%m-%d %H:%M}"
