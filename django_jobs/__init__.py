@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from .backend import JobCall, call  # noqa: E402 - the public names, importable without settings
 from .dedup import Dedup  # noqa: E402
+from .eventlog import EventPage, events, follow_events  # noqa: E402
 from .exceptions import Fail, QueueFull, Retry, Snooze  # noqa: E402
 from .flows import Flow, flow  # noqa: E402
 from .queues import queue  # noqa: E402
@@ -12,6 +13,7 @@ from .tracing import trace  # noqa: E402
 
 __all__ = [
     "Dedup",
+    "EventPage",
     "Fail",
     "Flow",
     "JobCall",
@@ -21,7 +23,9 @@ __all__ = [
     "__version__",
     "call",
     "cancel",
+    "events",
     "flow",
+    "follow_events",
     "queue",
     "retry",
     "schedule",

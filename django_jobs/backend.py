@@ -39,11 +39,22 @@ logger = logging.getLogger("django_jobs.backend")
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
-JOB_OPTIONS = ("max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id", "partition")
+JOB_OPTIONS = (
+    "max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id", "partition", "retention",
+)  # fmt: skip
 
 
 #: True while JobTask.using() copies a task (dataclasses.replace calls the class again).
 _COPYING: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_copying_task", default=False)
+
+
+#: Every task declared with our task class, by dotted path (the pruner's per-task count limits).
+_DECLARED: dict[str, Any] = {}
+
+
+def declared_tasks() -> list[Any]:
+    """The django-jobs tasks declared (imported) in this process."""
+    return list(_DECLARED.values())
 
 
 class _JobTaskMeta(type):
@@ -58,6 +69,8 @@ class _JobTaskMeta(type):
                 f"{', '.join(sorted(allowed - {'func', 'run_after'}))} (and run_after in .using())."
             )
         task = super().__call__(*args, **kwargs)
+        if not _COPYING.get():
+            _DECLARED[task.module_path] = task
         if task.schedule is not None and not _COPYING.get():
             from .schedules import register_task_schedule
 
@@ -84,6 +97,9 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     ``trace_id``: the job's pipeline id (default: the running job's, or a new one).
     ``partition``: a key such as ``"customer-456"``: the jobs of one (queue, partition) run one
     at a time, in enqueue order, on any worker; other partitions run in parallel.
+    ``retention``: how long this task's finished jobs are kept, per state:
+    ``{"completed": 0, "failed": {"age": 86400, "count": 100}}`` (seconds or timedelta, 0 deletes
+    at once, None keeps forever); overrides ``DJANGO_JOBS["RETENTION"]`` (docs/howto/retention.md).
     ``schedule``: enqueue this task at every tick (``"*/5 * * * *"``, ``timedelta(minutes=5)``
     or a dict of schedule options); synced by each worker at start like ``SCHEDULES``.
     """
@@ -96,6 +112,7 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     idempotency_key: str | None = None
     trace_id: str | None = None
     partition: str | None = None
+    retention: dict[str, Any] | None = None
     #: Run this task on a schedule: a cron expression, an interval (seconds or timedelta) or a
     #: dict of schedule options (docs/howto/schedules.md). Not a per-enqueue option.
     schedule: Any = None
@@ -225,6 +242,22 @@ def validate_job_options(task: Task) -> None:
             f"partition must be a string of 1-255 characters without NUL, such as 'customer-456' (or None for "
             f"no partition); got {partition!r}. Derive it from what must run in order, e.g. f'customer-{{id}}'."
         )
+
+    retention = getattr(task, "retention", None)
+    if retention is not None:
+        from .retention import InvalidRetention, validate_policies
+
+        try:
+            validate_policies(retention, "retention")
+        except InvalidRetention as exc:
+            raise InvalidTaskOptions(str(exc)) from None
+
+
+def _retention_json(retention: dict[str, Any]) -> dict[str, Any]:
+    """A task's validated retention as JSON for the job's options: ``{state: {"age", "count"}}``."""
+    from .retention import validate_policies
+
+    return {state: {"age": p.age, "count": p.count} for state, p in validate_policies(retention, "retention").items()}
 
 
 def backoff_path(backoff: Any) -> str:
@@ -406,6 +439,9 @@ class JobsBackend(BaseTaskBackend):
             options["timeout"] = float(timeout)
         if getattr(task, "lifo", False):
             options["lifo"] = True
+        retention = getattr(task, "retention", None)
+        if retention is not None:
+            options["retention"] = _retention_json(retention)
         return max_attempts, options
 
     # -- enqueue -----------------------------------------------------------------------------

@@ -62,6 +62,21 @@ class JobsSettings:
     #: Seconds after which a schedule's due tick counts as missed (downtime) rather than late;
     #: missed ticks follow the schedule's catch_up policy, late ones all run.
     MISFIRE_GRACE: float = 60.0
+    #: Write an Event row for every lifecycle step (docs/reference/events.md); False saves a row
+    #: and an index entry per step for the highest throughput.
+    EVENTS: bool = True
+    #: Events kept per queue; the pruner trims older ones.
+    EVENTS_MAX_PER_QUEUE: int = 10_000
+    #: How long finished jobs are kept: {"completed": age, "failed": age, "cancelled": age,
+    #: "queues": {queue: {...}}}; an age is seconds or a timedelta (0: delete at once), None keeps
+    #: forever, or {"age": ..., "count": n} also keeps at most n (docs/howto/retention.md).
+    #: States left out keep the default of one day.
+    RETENTION: dict[str, Any] | None = None
+    #: Per-minute Metric rows are kept this many days.
+    METRICS_KEEP_DAYS: float = 7.0
+    #: How often the leader's pruner runs (seconds), and the rows it deletes per transaction.
+    PRUNE_INTERVAL: float = 5.0
+    PRUNE_BATCH_SIZE: int = 1000
     #: LISTEN/NOTIFY channel (PostgreSQL).
     NOTIFY_CHANNEL: str = "django_jobs"
     #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
@@ -101,6 +116,22 @@ class JobsSettings:
                 validate_queue_declarations(self.QUEUES)
             except JobsConfigurationError as exc:
                 problems.append(str(exc))
+        if not isinstance(self.EVENTS, bool):
+            problems.append("EVENTS must be True or False.")
+        for name in ("EVENTS_MAX_PER_QUEUE", "PRUNE_BATCH_SIZE"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be a positive integer.")
+        for name in ("PRUNE_INTERVAL", "METRICS_KEEP_DAYS"):
+            if not _positive(getattr(self, name)):
+                problems.append(f"{name} must be a positive number.")
+        if self.RETENTION is not None:
+            from .retention import InvalidRetention, validate_retention_setting
+
+            try:
+                validate_retention_setting(self.RETENTION)
+            except InvalidRetention as exc:
+                problems.append(f"RETENTION: {exc}")
         if not _positive(self.MISFIRE_GRACE):
             problems.append("MISFIRE_GRACE must be a positive number of seconds.")
         if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:
@@ -120,7 +151,10 @@ def _positive(value: Any) -> bool:
 
 SETTING_NAMES = frozenset(f.name for f in fields(JobsSettings))
 #: Settings that concern the whole process, not one backend: only DJANGO_JOBS may set them.
-GLOBAL_ONLY = frozenset({"NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS"})
+GLOBAL_ONLY = frozenset(
+    {"NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS", "EVENTS", "EVENTS_MAX_PER_QUEUE", "RETENTION",
+     "METRICS_KEEP_DAYS"}
+)  # fmt: skip
 
 
 @functools.cache

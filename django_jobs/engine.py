@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from .db import Dialect
 from .exceptions import InvalidTaskOptions, JobsError, QueueFull
-from .models import Job, JobDependency, JobLog, JobStart, QueueState, Worker
+from .models import Event, Job, JobDependency, JobLog, JobStart, Metric, QueueState, Worker
 from .models.dedup import JobDedup, JobDedupNext
 from .states import FINISHED_STATES, UNFINISHED_STATES, JobState
 from .tracing import trace_id_for_new_job
@@ -46,6 +46,8 @@ logger = logging.getLogger("django_jobs.engine")
 JOB_TABLE = Job._meta.db_table
 QUEUE_TABLE = QueueState._meta.db_table
 START_TABLE = JobStart._meta.db_table
+EVENT_TABLE = Event._meta.db_table
+METRIC_TABLE = Metric._meta.db_table
 #: The unfinished states as an SQL list, spelled as the condition of django_jobs_unfinished_idx
 #: so the planner can use that index.
 UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
@@ -129,6 +131,8 @@ class Outcome:
     attempt: int = 0
     #: The job is a child in a flow: its final state must move its parent on (same transaction).
     has_parent: bool = False
+    #: The task's ``retention`` (the job's options): when the finished job may be pruned.
+    retention: dict[str, Any] | None = None
 
 
 # -- enqueue --------------------------------------------------------------------------------
@@ -197,11 +201,12 @@ def insert_job(
     d = Dialect(using)
     conn = connections[using]
     wake = job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(conn, job.queue)
-    with conn.cursor() as cursor:
+    with _sqlite_atomic(d), conn.cursor() as cursor:
         # The common case in one statement: the INSERT carries its own "the queue has no size
         # limit" guard (a primary-key probe), so an unlimited queue pays no extra round trip.
         cursor.execute(*_insert_statement(d, job, wake=wake, guarded=True))
         if cursor.rowcount == 1:
+            _enqueued_event_sqlite(cursor, d, job)
             _mark_saved(job, using)
             if job.partition_key is not None:
                 _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
@@ -299,7 +304,7 @@ _SIZE_LIMITED = "(max_size IS NOT NULL OR partition_max_size IS NOT NULL)"
 
 
 @functools.cache
-def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False) -> str:
+def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False, events: bool = False) -> str:
     """The INSERT of :func:`insert_job`, built once per vendor: enqueue is a hot path and
     compiling Django's 32-column insert costs more than the database's work.
 
@@ -307,6 +312,8 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = Fals
     queue has a job with that key, and the new id is returned when one is.
     ``guarded``: nothing is inserted when the queue has a size limit (one more parameter, the
     queue's name, after the row's): the caller then admits the job under the queue's lock.
+    ``events`` (PostgreSQL): the row's ``enqueued`` event and the events NOTIFY ride on it (one
+    more parameter, the events channel, last); SQLite callers write it with a second statement.
     """
 
     def cast(t: str) -> str:
@@ -326,6 +333,18 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = Fals
         # The conflict target names the partial unique index django_jobs_idempotency_key, WHERE
         # included (both vendors need it to infer a partial index).
         sql += " ON CONFLICT (backend, queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+    if events and pg:
+        # The row, its "enqueued" event and the NOTIFYs in one statement: one round trip.
+        data = "jsonb_build_object('task', new_job.task_path, 'state', new_job.state)"
+        selected = ["new_job.id"] if once else []
+        if notify:
+            selected.append("pg_notify(%s, new_job.queue)")
+        return (
+            f"WITH new_job AS ({sql} RETURNING id, queue, task_path, state), "
+            f"{_pg_event_cte('new_job', "'enqueued'", data)} "
+            f"SELECT {', '.join(selected or ['1'])} FROM new_job, {_pg_event_notify('new_job')}"
+        )
+    if once:
         if notify:  # NOTIFY only when a row was inserted
             return f"WITH new_job AS ({sql} RETURNING id, queue) SELECT id, pg_notify(%s, queue) FROM new_job"
         return f"{sql} RETURNING id"
@@ -346,7 +365,7 @@ _MANY_ROW_PARAMS = 4  # id, args, kwargs, seq: what differs between the jobs of 
 _MANY_SHARED_PARAMS = 12  # the rest, bound once per statement
 
 
-def _insert_many_sql(pg: bool, n: int) -> str:
+def _insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
     """A multi-row INSERT of ``n`` jobs of one task (no NOTIFY: the caller sends one per batch).
 
     Only what differs between the jobs is a VALUES row; the columns they share are bound once
@@ -364,8 +383,16 @@ def _insert_many_sql(pg: bool, n: int) -> str:
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
          cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s", "%s"]
     )  # fmt: skip
+    # PostgreSQL with events: each row's "enqueued" event rides on the statement (three more
+    # parameters after the rows: queue, the event's data, and nothing else differs per row).
+    event = (
+        f", ev AS (INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) SELECT {_TXID}, %s, v.id, 'enqueued', "
+        f"%s::jsonb, clock_timestamp() FROM v)"
+        if events and pg
+        else ""
+    )
     return (
-        f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}) "
+        f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}){event} "
         f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, partition_key, blocked) SELECT {shared} FROM v"
     )
 
@@ -441,6 +468,8 @@ def insert_jobs(
     ]
     ids = [uuid7() for _ in rows]
     per_statement = _rows_per_statement(conn)
+    events = events_enabled()
+    event_data = json.dumps({"task": task_path, "state": state})
     with conn.cursor() as cursor:
         _admit(cursor, d, queue, {partition: len(rows)}, batch_before=position)
         for start in range(0, len(rows), per_statement):
@@ -448,10 +477,26 @@ def insert_jobs(
             params: list[Any] = []
             for i, (args_json, kwargs_json) in enumerate(part, start):
                 params += (d.uuid(ids[i]), args_json, kwargs_json, seq + step * (position + i))
+            if events and d.pg:
+                params += (queue, event_data)
             params += shared  # after the rows: the WITH comes first in the statement
             n = len(part)
-            sql = _insert_chunk_sql(d.pg, n) if n == INSERT_CHUNK else _insert_many_sql(d.pg, n)
+            pg_events = events and d.pg
+            if n == INSERT_CHUNK:
+                sql = _insert_chunk_sql(d.pg, n, pg_events)
+            else:
+                sql = _insert_many_sql(d.pg, n, pg_events)
             cursor.execute(sql, params)
+            if events and not d.pg:
+                values = ", ".join(["(%s)"] * n)
+                cursor.execute(
+                    f"WITH v(id) AS (VALUES {values}) INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) "
+                    f"SELECT 0, %s, v.id, 'enqueued', %s, %s FROM v",
+                    [*(d.uuid(j) for j in ids[start : start + n]), queue, event_data, d.dt(now)],
+                )
+        if events and d.pg and position == 0:
+            # One per batch: its later chunks commit in the same transaction.
+            cursor.execute("SELECT pg_notify(%s, '')", [events_channel()])
         if partition is not None:
             _unblock_heads(cursor, d, {(queue, partition)})
     return ids
@@ -505,6 +550,131 @@ def _sent_in_transaction(conn: Any) -> set[str]:
         conn._django_jobs_notified = marker
         transaction.on_commit(forget, using=conn.alias)
     return marker[0]
+
+
+# -- events ---------------------------------------------------------------------------------
+
+#: The writing transaction's id (PostgreSQL): readers order events by (txid, id); see events.py.
+_TXID = "pg_current_xact_id()::text::bigint"
+_EVENT_COLUMNS = "txid, queue, job_id, kind, data, created_at"
+
+
+def events_enabled() -> bool:
+    from .conf import get_settings
+
+    return get_settings().EVENTS
+
+
+def events_channel() -> str:
+    """The NOTIFY channel of events (PostgreSQL): each transaction that writes events sends one
+    notification on it (PostgreSQL folds a transaction's identical notifications into one)."""
+    from .conf import get_settings
+
+    return f"{get_settings().NOTIFY_CHANNEL}_events"
+
+
+def _pg_event_cte(source: str, kind_sql: str, data_sql: str) -> str:
+    """A data-modifying CTE writing one event per row of the CTE ``source`` (which has ``id``
+    and ``queue`` columns), so a hot statement records its events without a round trip."""
+    return (
+        f"ev AS (INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) SELECT {_TXID}, {source}.queue, {source}.id, "
+        f"{kind_sql}, {data_sql}, clock_timestamp() FROM {source})"
+    )
+
+
+def _pg_event_notify(source: str) -> str:
+    """A one-row FROM item sending the events NOTIFY (one ``%s``: the channel) when ``source``
+    has rows; join it to the statement's final SELECT."""
+    return f"(SELECT count(pg_notify(%s, '')) AS n FROM (SELECT 1 FROM {source} LIMIT 1) one) ev_notify"
+
+
+def write_events(
+    cursor: Any,
+    d: Dialect,
+    events: list[tuple[str, uuid.UUID | None, str, dict[str, Any]]],
+    now: datetime | None = None,
+) -> None:
+    """Write ``(queue, job id, kind, data)`` events in the caller's transaction (call it inside
+    the transaction that made the change); on PostgreSQL also NOTIFY the events channel."""
+    if not events or not events_enabled():
+        return
+    created = now or timezone.now()
+    for start in range(0, len(events), INSERT_CHUNK):
+        part = events[start : start + INSERT_CHUNK]
+        params: list[Any] = []
+        for queue, job_id, kind, data in part:
+            params += [queue, d.uuid(job_id), kind, json.dumps(data, default=str)]
+        if d.pg:
+            rows = ", ".join(["(%s, %s::uuid, %s, %s::jsonb)"] * len(part))
+            cursor.execute(
+                f"WITH ins AS (INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) SELECT {_TXID}, v.q, v.j, v.k, v.d, "
+                f"clock_timestamp() FROM (VALUES {rows}) v(q, j, k, d) RETURNING 1) "
+                f"SELECT count(pg_notify(%s, '')) FROM (SELECT 1 FROM ins LIMIT 1) one",
+                [*params, events_channel()],
+            )
+        else:
+            rows = ", ".join(["(0, %s, %s, %s, %s, %s)"] * len(part))
+            flat = []
+            for i in range(0, len(params), 4):
+                flat += [*params[i : i + 4], d.dt(created)]
+            cursor.execute(f"INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) VALUES {rows}", flat)
+
+
+def _job_events(
+    using: str, rows: list[tuple[str, uuid.UUID, str, dict[str, Any]]], now: datetime | None = None
+) -> None:
+    """:func:`write_events` on a new cursor of ``using`` (in the caller's transaction)."""
+    if rows and events_enabled():
+        with connections[using].cursor() as cursor:
+            write_events(cursor, Dialect(using), rows, now)
+
+
+def _enqueued_data(job: Job) -> dict[str, Any]:
+    return {"task": job.task_path, "state": job.state}
+
+
+def _sqlite_atomic(d: Dialect) -> Any:
+    """SQLite with events: a transaction around a change and its events, which are written by a
+    second statement there (PostgreSQL writes them in the change's own statement)."""
+    if d.pg or not events_enabled():
+        return contextlib.nullcontext()
+    return transaction.atomic(using=d.using)
+
+
+def _enqueued_event_sqlite(cursor: Any, d: Dialect, job: Job) -> None:
+    """SQLite: the ``enqueued`` event of a job just inserted (PostgreSQL writes it in the INSERT)."""
+    if not d.pg:
+        write_events(cursor, d, [(job.queue, job.id, "enqueued", _enqueued_data(job))])
+
+
+def _finished_elsewhere(cursor: Any, d: Dialect, job_ids: list[uuid.UUID], kind: str, now: datetime | None) -> None:
+    """Jobs that just finished outside an outcome batch (cancel, rescue, a flow parent failed by
+    its child): their event, and ``purge_at`` from their retention policy. In the caller's
+    transaction; jobs not in a finished state are left alone."""
+    from . import retention
+
+    if not job_ids:
+        return
+    when = now or timezone.now()
+    in_sql, in_params = d.in_list("id", [d.uuid(j) for j in job_ids])
+    cursor.execute(
+        f"SELECT id, queue, state, options FROM {JOB_TABLE} WHERE {in_sql} AND state IN ('completed', 'failed', "
+        f"'cancelled')",
+        in_params,
+    )
+    rows = cursor.fetchall()
+    by_purge: dict[datetime | None, list[Any]] = {}
+    events = []
+    for jid, queue, state, options in rows:
+        task_retention = (d.to_json(options) or {}).get("retention")
+        purge = retention.purge_at(state, when, queue=queue, task_retention=task_retention)
+        by_purge.setdefault(purge, []).append(jid)
+        events.append((queue, d.to_uuid(jid), kind if kind != "finished" else state, {}))
+    for purge, ids in by_purge.items():
+        if purge is not None:
+            sql, params = d.in_list("id", ids)
+            cursor.execute(f"UPDATE {JOB_TABLE} SET purge_at = %s WHERE {sql}", [d.dt(purge), *params])
+    write_events(cursor, d, events, now)
 
 
 # -- deduplication --------------------------------------------------------------------------
@@ -829,6 +999,7 @@ def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = F
     wake = wake and job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(d.connection, job.queue)
     _admit(cursor, d, job.queue, {job.partition_key: 1})
     cursor.execute(*_insert_statement(d, job, wake=wake))
+    _enqueued_event_sqlite(cursor, d, job)
     _mark_saved(job, using)
     if job.partition_key is not None:
         _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
@@ -845,7 +1016,10 @@ def _insert_statement(
         from .conf import get_settings
 
         params.append(get_settings().NOTIFY_CHANNEL)
-    return _insert_sql(d.pg, notify=wake, once=once, guarded=guarded), params
+    events = d.pg and events_enabled()
+    if events:
+        params.append(events_channel())
+    return _insert_sql(d.pg, notify=wake, once=once, guarded=guarded, events=events), params
 
 
 def _queue_size_limited(using: str, queue: str) -> bool:
@@ -1058,9 +1232,11 @@ def insert_job_once(
         # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
         # queue, and only for a job that was inserted.
         wake = job.state == JobState.WAITING and d.pg and not conn.in_atomic_block
-        with conn.cursor() as cursor:
+        with _sqlite_atomic(d), conn.cursor() as cursor:
             cursor.execute(*_insert_statement(d, job, wake=wake, once=True, guarded=True))
             inserted = cursor.fetchone() is not None
+            if inserted:
+                _enqueued_event_sqlite(cursor, d, job)
         where = "backend = %s AND queue = %s AND idempotency_key = %s"
         if not inserted and _queue_size_limited(using, queue):
             # The guard refused it: a limited queue admits under its lock (a duplicate first).
@@ -1073,6 +1249,8 @@ def insert_job_once(
                     _admit(cursor, d, queue, {job.partition_key: 1})
                     cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
                     inserted = cursor.fetchone() is not None
+                    if inserted:
+                        _enqueued_event_sqlite(cursor, d, job)
             except QueueFull:
                 # The key's first job may have committed while we waited for the lock: a
                 # duplicate returns it, full or not.
@@ -1299,7 +1477,16 @@ def _claim_statement(
         f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
         f"WHERE {d.id_in(select_ids)} AND state = 'waiting' RETURNING {returning}"
     )
-    return sql, [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
+    params = [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
+    if d.pg and events_enabled():
+        # The "active" events ride on the claim (SQLite: _run_claim writes them).
+        data = "jsonb_build_object('attempt', r.attempts, 'worker', r.worker_id)"
+        sql = (
+            f"WITH r AS ({sql}, worker_id), {_pg_event_cte('r', "'active'", data)} "
+            f"SELECT {', '.join('r.' + c for c in _CLAIM_COLUMNS)} FROM r, {_pg_event_notify('r')}"
+        )
+        params.append(events_channel())
+    return sql, params
 
 
 def _queue_scope(d: Dialect, queues: list[str] | None, backend: str | None) -> tuple[list[str], list[Any]]:
@@ -1321,10 +1508,17 @@ def _queue_scope(d: Dialect, queues: list[str] | None, backend: str | None) -> t
 
 
 def _run_claim(d: Dialect, using: str, sql: str, params: list[Any]) -> list[ClaimedJob]:
-    with connections[using].cursor() as cursor:
+    with _sqlite_atomic(d), connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    jobs = [_claimed(d, row) for row in rows]
+        jobs = [_claimed(d, row) for row in rows]
+        if not d.pg:
+            write_events(
+                cursor,
+                d,
+                [(j.queue, j.id, "active", {"attempt": j.attempts, "worker": j.worker_ids[-1]}) for j in jobs],
+                jobs[0].last_attempted_at if jobs else None,
+            )
     # RETURNING has no order: restore claim order so higher priorities start first.
     jobs.sort(key=lambda j: (-j.priority, j.seq, j.id))
     return jobs
@@ -1542,9 +1736,11 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     for o in outcomes:
         if o.state not in _OUTCOME_STATES:
             raise ValueError(f"not an outcome state: {o.state!r}")
+    from . import retention
+
     d = Dialect(using)
     now_sql, now_params = d.now(now)
-    row_sql = "({}, {}, {}, {}, {}, {}, {}, {})".format(
+    row_sql = "({}, {}, {}, {}, {}, {}, {}, {}, {}, {})".format(
         d.cast("%s", "uuid"),
         d.cast("%s", "uuid"),
         d.cast("%s", "text"),
@@ -1553,9 +1749,18 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         d.cast("%s", "timestamptz"),
         d.cast("%s", "integer"),
         d.cast("%s", "bigint"),
+        d.cast("%s", "timestamptz"),
+        d.cast("%s", "timestamptz"),
     )
+    # When retention lets the finished job go (purge_at), from this process's clock: a day's
+    # policy does not care about the milliseconds between it and the database's.
+    finished_at = now or timezone.now()
     values: list[Any] = []
     for o in outcomes:
+        purge = purge_cancelled = None
+        if o.state in FINISHED_STATES:
+            purge = retention.purge_at(o.state, finished_at, queue=o.queue, task_retention=o.retention)
+        purge_cancelled = retention.purge_at(JobState.CANCELLED, finished_at, queue=o.queue, task_retention=o.retention)
         values += [
             d.uuid(o.job_id),
             d.uuid(o.lease_token),
@@ -1565,10 +1770,16 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             d.dt(o.available_at),
             1 if o.uncount_attempt else 0,
             ready_seq(o.available_at) if o.available_at is not None else None,
+            d.dt(purge),
+            d.dt(purge_cancelled),
         ]
     t = JOB_TABLE
-    sql = (
-        f"WITH v(id, token, state, rv, err, avail, uncount, avail_seq) AS (VALUES {', '.join([row_sql] * len(outcomes))}) "
+    events = events_enabled()
+    values_cte = (
+        f"WITH v(id, token, state, rv, err, avail, uncount, avail_seq, purge, purge_c) "
+        f"AS (VALUES {', '.join([row_sql] * len(outcomes))})"
+    )
+    update = (
         f"UPDATE {t} SET state = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE v.state END, "
         f"return_value = v.rv, "
         f"attempts = {t}.attempts - v.uncount, "
@@ -1578,10 +1789,48 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         f"seq = CASE WHEN v.avail_seq IS NULL THEN {t}.seq WHEN {t}.seq < 0 THEN -v.avail_seq ELSE v.avail_seq END, "
         f"finished_at = CASE WHEN v.state IN ('completed', 'failed') OR {t}.cancel_requested_at IS NOT NULL "
         f"THEN {now_sql} ELSE NULL END, "
+        f"purge_at = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN v.purge_c "
+        f"WHEN v.state IN ('completed', 'failed') THEN v.purge ELSE NULL END, "
         f"lease_token = NULL, lease_expires_at = NULL "
         f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
-        f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id, {t}.partition_key"
+        f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id, {t}.partition_key, {t}.attempts, "
+        f"{t}.last_attempted_at"
     )
+    sql = f"{values_cte} {update}"
+    params = [*values, *now_params]
+    if d.pg:
+        # The batch's events and its Metric counts ride on the same statement: no round trip
+        # more, and they commit (or not) with the outcomes they count.
+        kind = (
+            "CASE WHEN r.state IN ('waiting', 'delayed') THEN CASE WHEN r.uncount = 1 THEN 'snoozed' "
+            "ELSE 'retried' END ELSE r.state END"
+        )
+        runtime = f"(EXTRACT(EPOCH FROM ({now_sql} - r.last_attempted_at)) * 1000)"
+        data = (
+            f"jsonb_strip_nulls(jsonb_build_object('attempt', r.attempts, 'error', r.err->>'exception_class_path', "
+            f"'runtime_ms', round({runtime})::bigint))"
+        )
+        ended = "r.state IN ('completed', 'failed')"
+        sql = (
+            f"{values_cte}, r AS ({update}, v.uncount, v.err), "
+            + (f"{_pg_event_cte('r', kind, data)}, " if events else "")
+            + f"m AS (INSERT INTO {METRIC_TABLE} (queue, minute, completed, failed, retried, runtime_ms) "
+            f"SELECT r.queue, date_trunc('minute', {now_sql}, 'UTC'), count(*) FILTER (WHERE r.state = 'completed'), "
+            f"count(*) FILTER (WHERE r.state = 'failed'), "
+            f"count(*) FILTER (WHERE r.state IN ('waiting', 'delayed') AND r.uncount = 0), "
+            f"COALESCE(round(sum({runtime}) FILTER (WHERE {ended})), 0)::bigint "
+            f"FROM r GROUP BY r.queue ORDER BY r.queue "
+            f"ON CONFLICT (queue, minute) DO UPDATE SET completed = {METRIC_TABLE}.completed + EXCLUDED.completed, "
+            f"failed = {METRIC_TABLE}.failed + EXCLUDED.failed, retried = {METRIC_TABLE}.retried + EXCLUDED.retried, "
+            f"runtime_ms = {METRIC_TABLE}.runtime_ms + EXCLUDED.runtime_ms) "
+            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key FROM r"
+            + (f", {_pg_event_notify('r')}" if events else "")
+        )
+        if events:
+            params += now_params  # the run time in the event's data
+        params += [*now_params, *now_params]  # the metric's minute and run time
+        if events:
+            params.append(events_channel())
     by_id = {o.job_id: o for o in outcomes}
 
     def children_that_ended(rows: list[tuple[Any, ...]]) -> list[tuple[uuid.UUID, str, Any]]:
@@ -1596,10 +1845,13 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     # A child's final state and its parent's progress are one change: one transaction when the
     # batch has flow children (Outcome.has_parent); plain autocommit otherwise (the hot path).
     flows = any(o.has_parent for o in outcomes)
-    with transaction.atomic(using=using) if flows else contextlib.nullcontext():
+    # SQLite writes the events and metrics with more statements: one transaction with them.
+    with transaction.atomic(using=using) if flows or not d.pg else contextlib.nullcontext():
         with connections[using].cursor() as cursor:
-            cursor.execute(sql, [*values, *now_params])
+            cursor.execute(sql, params)
             rows = cursor.fetchall()
+            if not d.pg:
+                _outcome_events_and_metrics(cursor, d, rows, by_id, finished_at)
         ended = children_that_ended(rows)
         if flows:
             settle_dependencies(using=using, finished=ended, now=now)
@@ -1631,6 +1883,42 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     if requeued:
         notify(using, sorted(requeued))
     return written
+
+
+def _outcome_events_and_metrics(
+    cursor: Any, d: Dialect, rows: list[tuple[Any, ...]], by_id: dict[uuid.UUID, Outcome], now: datetime
+) -> None:
+    """SQLite: the events and Metric counts of written outcomes (PostgreSQL writes them in the
+    outcome statement itself). ``rows``: id, queue, state, parent, partition, attempts, last start."""
+    events = []
+    metrics: dict[str, list[int]] = {}
+    for jid, queue, state, _parent, _partition, attempts, started in rows:
+        o = by_id[d.to_uuid(jid)]
+        runtime = round((now - d.to_dt(started)).total_seconds() * 1000) if started is not None else 0
+        counts = metrics.setdefault(queue, [0, 0, 0, 0])
+        if state in (JobState.WAITING, JobState.DELAYED):
+            kind = "snoozed" if o.uncount_attempt else "retried"
+            counts[2] += 0 if o.uncount_attempt else 1
+        else:
+            kind = state
+            if state in (JobState.COMPLETED, JobState.FAILED):
+                counts[0 if state == JobState.COMPLETED else 1] += 1
+                counts[3] += runtime
+        data: dict[str, Any] = {"attempt": attempts, "runtime_ms": runtime}
+        if o.error is not None:
+            data["error"] = o.error.get("exception_class_path")
+        events.append((queue, o.job_id, kind, data))
+    write_events(cursor, d, events, now)
+    minute = now.replace(second=0, microsecond=0)
+    for queue in sorted(metrics):
+        completed, failed, retried, runtime_ms = metrics[queue]
+        cursor.execute(
+            f"INSERT INTO {METRIC_TABLE} (queue, minute, completed, failed, retried, runtime_ms) "
+            f"VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (queue, minute) DO UPDATE SET "
+            f"completed = completed + excluded.completed, failed = failed + excluded.failed, "
+            f"retried = retried + excluded.retried, runtime_ms = runtime_ms + excluded.runtime_ms",
+            [queue, d.dt(minute), completed, failed, retried, runtime_ms],
+        )
 
 
 def release_jobs(
@@ -1665,6 +1953,10 @@ def release_jobs(
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql, [*now_params, *params])
         returned = cursor.fetchall()
+        write_events(cursor, d, [(r[0], d.to_uuid(r[2]), "released", {}) for r in returned if r[1] == JobState.WAITING])
+        _finished_elsewhere(
+            cursor, d, [d.to_uuid(r[2]) for r in returned if r[1] == JobState.CANCELLED], "finished", now
+        )
         ended = [d.to_uuid(r[2]) for r in returned if r[1] == JobState.CANCELLED and r[3] is not None]
         settle_dependencies(
             using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j in ended], now=now
@@ -1738,6 +2030,12 @@ def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None) -> Cance
             state = jobs.values_list("state", flat=True).first()
             if state is None or state in FINISHED_STATES or state == JobState.ACTIVE:
                 break  # unknown, finished, or already flagged: nothing to do
+        if change == "cancelled":
+            with connections[using].cursor() as cursor:
+                _finished_elsewhere(cursor, Dialect(using), [job_id], "cancelled", now)
+        elif change == "flagged":
+            row = jobs.values_list("queue", flat=True).first()
+            _job_events(using, [(row, job_id, "cancel-requested", {})], now)
         if change is not None:
             descendants = cancel_descendants(using=using, parent_ids=[job_id], now=now)  # a flow's children
         if change == "cancelled":
@@ -1769,25 +2067,31 @@ def retry_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) -> 
 
     now = now or timezone.now()
     seq = ready_seq(now)
-    retried = bool(
-        Job.objects.using(using)
-        .filter(id=job_id, state__in=[JobState.FAILED, JobState.CANCELLED])
-        # A flow parent with unfinished children would run without them: refused.
-        .exclude(dependencies__status="pending")
-        .update(
-            state=JobState.WAITING,
-            available_at=now,
-            # Ready now: a new seq from now, keeping the sign (a LIFO job stays LIFO).
-            seq=Case(When(seq__lt=0, then=Value(-seq)), default=Value(seq), output_field=BigIntegerField()),
-            finished_at=None,
-            cancel_requested_at=None,
-            max_attempts=Case(
-                When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
-                default=F("max_attempts"),
-                output_field=PositiveIntegerField(),
-            ),
+    with transaction.atomic(using=using):
+        retried = bool(
+            Job.objects.using(using)
+            .filter(id=job_id, state__in=[JobState.FAILED, JobState.CANCELLED])
+            # A flow parent with unfinished children would run without them: refused.
+            .exclude(dependencies__status="pending")
+            .update(
+                state=JobState.WAITING,
+                available_at=now,
+                # Ready now: a new seq from now, keeping the sign (a LIFO job stays LIFO).
+                seq=Case(When(seq__lt=0, then=Value(-seq)), default=Value(seq), output_field=BigIntegerField()),
+                finished_at=None,
+                purge_at=None,
+                cancel_requested_at=None,
+                max_attempts=Case(
+                    When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
+                    default=F("max_attempts"),
+                    output_field=PositiveIntegerField(),
+                ),
+            )
         )
-    )
+        if retried:
+            queue = Job.objects.using(using).filter(id=job_id).values_list("queue", flat=True).first()
+            _job_events(using, [(queue, job_id, "retried", {"manual": True})], now)
+            notify(using, [queue])
     _unblock_partitions_of(using, [job_id])  # back in its partition: it may be the next again
     return retried
 
@@ -1822,12 +2126,14 @@ def is_cancel_requested(*, using: str, job_id: uuid.UUID) -> bool:
 
 def set_progress(*, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, value: Any) -> bool:
     """Store a running job's progress, guarded on its lease; False when it is no longer ours."""
-    return (
-        Job.objects.using(using)
-        .filter(id=job_id, state=JobState.ACTIVE, lease_token=lease_token)
-        .update(progress=value)
-        == 1
-    )
+    with transaction.atomic(using=using):
+        jobs = Job.objects.using(using).filter(id=job_id, state=JobState.ACTIVE, lease_token=lease_token)
+        if jobs.update(progress=value) != 1:
+            return False
+        if events_enabled():
+            queue = jobs.values_list("queue", flat=True).first()
+            _job_events(using, [(queue, job_id, "progress", {"progress": value})])
+    return True
 
 
 def append_job_log(
@@ -1981,6 +2287,7 @@ def insert_flow(
             for queue in sorted(adding):  # one lock order, so two flows cannot deadlock on them
                 _admit(cursor, Dialect(using), queue, adding[queue])
             Job.objects.using(using).bulk_create(rows)
+            write_events(cursor, Dialect(using), [(j.queue, j.id, "enqueued", _enqueued_data(j)) for j in rows], now)
             _unblock_heads(cursor, Dialect(using), {(j.queue, j.partition_key) for j in rows if j.partition_key})
         edges = [
             JobDependency(
@@ -2046,6 +2353,7 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
                 )
                 if cursor.fetchone() is not None:
                     work.append((parent_id, JobState.FAILED, error))
+                    _finished_elsewhere(cursor, d, [parent_id], "failed", now)
                 else:
                     cursor.execute(f"UPDATE {JOB_TABLE} SET {decrement} WHERE id = %s", [d.uuid(parent_id)])
                 continue
@@ -2076,6 +2384,8 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
                 ],  # fmt: skip
             )
             row = cursor.fetchone()
+            if row is not None and row[0] in (JobState.WAITING, JobState.DELAYED) and row[2] is not None:
+                write_events(cursor, d, [(row[1], parent_id, "promoted", {"from": "waiting-children"})], now)
             if row is not None and row[0] == JobState.WAITING:
                 released.add(row[1])
     if released:
@@ -2123,6 +2433,8 @@ def cancel_descendants(
                 .update(state=JobState.CANCELLED, finished_at=now, cancel_requested_at=now)
             ):
                 cancelled.append((job_id, queue))
+        with connections[using].cursor() as cursor:
+            _finished_elsewhere(cursor, Dialect(using), [j for j, _ in cancelled], "cancelled", now)
         settle_dependencies(
             using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j, _ in cancelled], now=now
         )
@@ -2212,7 +2524,9 @@ def advance_schedule(
 
 def set_queue_paused(*, using: str, queue: str, paused: bool) -> None:
     """Pause or resume ``queue`` for every worker (the claim skips paused queues)."""
-    QueueState.objects.using(using).update_or_create(name=queue, defaults={"paused": paused})
+    with transaction.atomic(using=using):
+        QueueState.objects.using(using).update_or_create(name=queue, defaults={"paused": paused})
+        _job_events(using, [(queue, None, "paused" if paused else "resumed", {})])
     if not paused:
         notify(using, [queue])  # wake the workers that skipped it
 
@@ -2308,9 +2622,130 @@ def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = 
             now=now,
         )
         partitions = _partitions_of(using, job_ids, unfinished=True)
+        gone = list(Job.objects.using(using).filter(id__in=job_ids).values_list("queue", "id"))
+        _job_events(using, [(q, j, "removed", {}) for q, j in gone], now)
         deleted, by_model = Job.objects.using(using).filter(id__in=job_ids).delete()
         _unblock_partitions(using, partitions)  # their partitions' next jobs may run now
     return by_model.get(Job._meta.label, 0)
+
+
+# -- retention ------------------------------------------------------------------------------
+
+_FINISHED_SQL = "('completed', 'failed', 'cancelled')"
+
+
+def _delete_finished(cursor: Any, d: Dialect, select_ids: str, params: list[Any]) -> int:
+    """Delete the finished jobs ``select_ids`` returns (it locks them, skipping locked rows) with
+    their logs, flow edges and dedup keys; children keep running without the parent link. Call
+    inside a transaction."""
+    cursor.execute(select_ids, params)
+    ids = [row[0] for row in cursor.fetchall()]
+    if not ids:
+        return 0
+    in_sql, in_params = d.in_list("{col}", ids)
+    for table, column in (
+        (JobLog._meta.db_table, "job_id"),
+        (JobDependency._meta.db_table, "parent_id"),
+        (JobDedup._meta.db_table, "job_id"),
+    ):
+        cursor.execute(f"DELETE FROM {table} WHERE {in_sql.format(col=column)}", in_params)
+    # Job.parent is ON DELETE SET NULL in Django only: the database needs it done first.
+    cursor.execute(f"UPDATE {JOB_TABLE} SET parent_id = NULL WHERE {in_sql.format(col='parent_id')}", in_params)
+    cursor.execute(f"DELETE FROM {JOB_TABLE} WHERE {in_sql.format(col='id')} AND state IN {_FINISHED_SQL}", in_params)
+    return cursor.rowcount
+
+
+def prune_expired_jobs(*, using: str, limit: int, now: datetime | None = None) -> int:
+    """Delete up to ``limit`` finished jobs whose retention ended (``purge_at`` passed), oldest
+    first, in one short transaction; return how many. Unfinished jobs are never touched."""
+    d = Dialect(using)
+    now_sql, now_params = d.now(now)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        return _delete_finished(
+            cursor,
+            d,
+            f"SELECT id FROM {JOB_TABLE} WHERE purge_at IS NOT NULL AND purge_at <= {now_sql} "
+            f"AND state IN {_FINISHED_SQL} ORDER BY purge_at LIMIT %s {d.skip_locked()}",
+            [*now_params, limit],
+        )
+
+
+def prune_over_count(*, using: str, queue: str, state: str, keep: int, limit: int, task_path: str | None = None) -> int:
+    """Delete up to ``limit`` of ``queue``'s jobs finished in ``state`` (of ``task_path`` only,
+    when given) beyond the ``keep`` newest; return how many. Walks django_jobs_finished_q_idx."""
+    if state not in FINISHED_STATES:
+        raise ValueError(f"state must be one of {', '.join(FINISHED_STATES)}; got {state!r}.")
+    d = Dialect(using)
+    scope = "queue = %s AND state = %s AND finished_at IS NOT NULL"
+    params: list[Any] = [queue, state]
+    if task_path is not None:
+        scope += " AND task_path = %s"
+        params.append(task_path)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT finished_at, id FROM {JOB_TABLE} WHERE {scope} ORDER BY finished_at DESC, id DESC "
+            f"LIMIT 1 OFFSET %s",
+            [*params, keep],
+        )
+        cutoff = cursor.fetchone()
+        if cutoff is None:
+            return 0
+        return _delete_finished(
+            cursor,
+            d,
+            f"SELECT id FROM {JOB_TABLE} WHERE {scope} AND (finished_at < %s OR (finished_at = %s AND id <= %s)) "
+            f"ORDER BY finished_at LIMIT %s {d.skip_locked()}",
+            [*params, cutoff[0], cutoff[0], cutoff[1], limit],
+        )
+
+
+def trim_events(*, using: str, keep: int, limit: int) -> int:
+    """Delete up to ``limit`` events per queue beyond each queue's ``keep`` newest; return how
+    many."""
+    d = Dialect(using)
+    total = 0
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT DISTINCT queue FROM {EVENT_TABLE}")
+        queues = sorted(row[0] for row in cursor.fetchall())
+    for queue in queues:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(
+                f"SELECT txid, id FROM {EVENT_TABLE} WHERE queue = %s ORDER BY txid DESC, id DESC LIMIT 1 OFFSET %s",
+                [queue, keep],
+            )
+            cutoff = cursor.fetchone()
+            if cutoff is None:
+                continue
+            cursor.execute(
+                f"DELETE FROM {EVENT_TABLE} WHERE "
+                + d.id_in(
+                    f"SELECT id FROM {EVENT_TABLE} WHERE queue = %s AND (txid < %s OR (txid = %s AND id <= %s)) "
+                    f"ORDER BY txid, id LIMIT %s"
+                ),
+                [queue, cutoff[0], cutoff[0], cutoff[1], limit],
+            )
+            total += cursor.rowcount
+    return total
+
+
+def trim_metrics(*, using: str, older_than: datetime, limit: int) -> int:
+    """Delete up to ``limit`` Metric rows of minutes before ``older_than``; return how many."""
+    d = Dialect(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {METRIC_TABLE} WHERE "
+            + d.id_in(f"SELECT id FROM {METRIC_TABLE} WHERE minute < %s ORDER BY minute LIMIT %s"),
+            [d.dt(older_than), limit],
+        )
+        return cursor.rowcount
+
+
+def known_queues(*, using: str) -> list[str]:
+    """Queues with a QueueState row or Metric rows (finished jobs lately): cheap to list, unlike
+    the distinct queues of the job table."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT name FROM {QUEUE_TABLE} UNION SELECT DISTINCT queue FROM {METRIC_TABLE}")
+        return sorted(row[0] for row in cursor.fetchall())
 
 
 # -- services -------------------------------------------------------------------------------
@@ -2328,11 +2763,12 @@ def promote_due_jobs(*, using: str, limit: int, backend: str | None = None, now:
             f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql}{scope} "
             f"ORDER BY available_at LIMIT %s {d.skip_locked()}"
         )
-        + " AND state = 'delayed' RETURNING queue"
+        + " AND state = 'delayed' RETURNING queue, id"
     )
-    with connections[using].cursor() as cursor:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql, [*now_params, *scope_params, limit])
         rows = cursor.fetchall()
+        write_events(cursor, d, [(r[0], d.to_uuid(r[1]), "promoted", {}) for r in rows], now)
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
 
@@ -2346,15 +2782,25 @@ def make_due(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = Non
         return 0
     now = now or timezone.now()
     seq = ready_seq(now)
-    return (
-        Job.objects.using(using)
-        .filter(id__in=job_ids, state=JobState.DELAYED)
-        .update(
-            state=JobState.WAITING,
-            available_at=now,
-            seq=Case(When(seq__lt=0, then=Value(-seq)), default=Value(seq), output_field=BigIntegerField()),
+    with transaction.atomic(using=using):
+        due = list(
+            Job.objects.using(using)
+            .select_for_update()
+            .filter(id__in=job_ids, state=JobState.DELAYED)
+            .values_list("id", "queue")
         )
-    )
+        moved = (
+            Job.objects.using(using)
+            .filter(id__in=[j for j, _ in due], state=JobState.DELAYED)
+            .update(
+                state=JobState.WAITING,
+                available_at=now,
+                seq=Case(When(seq__lt=0, then=Value(-seq)), default=Value(seq), output_field=BigIntegerField()),
+            )
+        )
+        _job_events(using, [(q, j, "promoted", {"now": True}) for j, q in due], now)
+        notify(using, sorted({q for _, q in due}))
+    return moved
 
 
 def _backend_scope(backend: str | None) -> tuple[str, list[Any]]:
@@ -2416,6 +2862,14 @@ def rescue_stalled_jobs(
         cursor.execute(sql, params)
         returned = cursor.fetchall()
         rows = [RescuedJob(d.to_uuid(r[0]), r[1], r[2], r[3]) for r in returned]
+        write_events(
+            cursor,
+            d,
+            [(r.queue, r.id, "stalled", {}) for r in rows]
+            + [(r.queue, r.id, "rescued", {}) for r in rows if r.state == JobState.WAITING],
+            now,
+        )
+        _finished_elsewhere(cursor, d, [r.id for r in rows if r.state in FINISHED_STATES], "finished", now)
         # Children of flows that ended here move their parents on, in the same transaction.
         settle_dependencies(
             using=using,

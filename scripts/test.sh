@@ -13,6 +13,13 @@ $PY example_project/manage.py makemigrations --check --dry-run || status=1
 echo "== ruff"
 $PY -m ruff check --quiet . || status=1
 
+echo "== browser for the admin's browser tests"
+if JOBS_CHROMIUM=$(scripts/ensure_chromium.sh); then
+  export JOBS_CHROMIUM
+else
+  echo "!! Chromium is missing: the browser tests will fail under CI=true and be skipped otherwise." >&2
+fi
+
 echo "== tests on SQLite"
 JOBS_TEST_DB=sqlite $PY -m pytest "$@" || status=1
 

@@ -115,7 +115,7 @@ def test_idempotency_key_and_dedup_together_are_rejected():
 def test_a_plain_enqueue_keeps_the_insert_without_on_conflict():
     with CaptureQueriesContext(connection) as queries:
         tasks_dedup.refresh.enqueue()
-    [insert] = [q["sql"] for q in queries if "INSERT" in q["sql"]]
+    [insert] = [q["sql"] for q in queries if "INSERT INTO django_jobs_job" in q["sql"]]
     assert "ON CONFLICT" not in insert
 
 

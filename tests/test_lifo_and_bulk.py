@@ -401,7 +401,10 @@ def test_enqueue_many_inserts_one_statement_per_chunk_and_notifies_once():
         tasks.noop.enqueue_many(() for _ in range(CHUNK * 2 + 1))
     sql = [q["sql"] for q in queries.captured_queries]
     assert sum("INSERT INTO django_jobs_job" in s for s in sql) == 3
-    assert sum("pg_notify" in s for s in sql) == (1 if connection.vendor == "postgresql" else 0)
+    pg = connection.vendor == "postgresql"
+    notifies = [s for s in sql if "pg_notify" in s]
+    assert sum("django_jobs_events" not in s for s in notifies) == (1 if pg else 0), "one wake-up for the batch"
+    assert sum("django_jobs_events" in s for s in notifies) == (1 if pg else 0), "one events NOTIFY for the batch"
     assert Job.objects.count() == CHUNK * 2 + 1
 
 

@@ -13,7 +13,7 @@ class Event(models.Model):
     Readers page forward with :func:`django_jobs.events`, ordered by ``(txid, id)``: on
     PostgreSQL ids are handed out before commit, so a later id can commit first; ``txid`` (the
     writing transaction's id) lets a reader return only events no running transaction can still
-    precede (see :func:`django_jobs.events.events`). SQLite has one writer at a time: ``txid`` is 0
+    precede (see :func:`django_jobs.eventlog.events`). SQLite has one writer at a time: ``txid`` is 0
     and ids commit in order.
     """
 

@@ -4,7 +4,8 @@ from .base import Service
 from .dedup import DedupSweeper
 from .partitions import PartitionSweeper
 from .promoter import Promoter
+from .pruner import Pruner
 from .rescuer import Reaper, Rescuer
 from .scheduler import Scheduler
 
-__all__ = ["DedupSweeper", "PartitionSweeper", "Promoter", "Reaper", "Rescuer", "Scheduler", "Service"]
+__all__ = ["DedupSweeper", "PartitionSweeper", "Promoter", "Pruner", "Reaper", "Rescuer", "Scheduler", "Service"]

@@ -91,6 +91,7 @@ class Completer(threading.Thread):
                 queue=outcome.queue,
                 attempt=outcome.attempt,
                 has_parent=outcome.has_parent,
+                retention=outcome.retention,
                 state=JobState.FAILED,
                 error={
                     "exception_class_path": "django_jobs.exceptions.OutcomeNotStored",

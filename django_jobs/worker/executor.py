@@ -313,6 +313,7 @@ class Executor:
             "queue": job.queue,
             "attempt": job.attempts,
             "has_parent": job.parent_id is not None,
+            "retention": job.options.get("retention"),
         }
         if isinstance(exc, Snooze):
             # Not a failed attempt: the attempt (and its worker id) are taken back.
@@ -379,6 +380,7 @@ def outcome_for(job: ClaimedJob, **fields: Any) -> Outcome:
         queue=job.queue,
         attempt=job.attempts,
         has_parent=job.parent_id is not None,
+        retention=job.options.get("retention"),
         **fields,
     )
 

@@ -43,7 +43,7 @@ from ..conf import get_settings
 from ..db import is_transient
 from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
 from ..models import Job
-from ..services import DedupSweeper, PartitionSweeper, Promoter, Reaper, Rescuer, Scheduler
+from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
@@ -721,6 +721,7 @@ class Worker:
             DedupSweeper(**common, interval=s.PROMOTE_INTERVAL),
             PartitionSweeper(**common, interval=s.PROMOTE_INTERVAL),
             Scheduler(**common, interval=s.PROMOTE_INTERVAL),
+            Pruner(**common, interval=s.PRUNE_INTERVAL),
         ]
         is_leader = False
         next_leader_check = 0.0

@@ -15,7 +15,7 @@ from ...exceptions import JobsError
 
 
 class Command(BaseCommand):
-    help = "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume."
+    help = "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
@@ -35,6 +35,15 @@ class Command(BaseCommand):
         for name in ("pause", "resume"):
             p = sub.add_parser(name, help=f"{name.capitalize()} a queue for every worker.")
             p.add_argument("queue")
+        prune = sub.add_parser(
+            "prune", help="Delete the finished jobs whose retention ended (what the workers' pruner does), now."
+        )
+        prune.add_argument(
+            "--max-seconds",
+            type=float,
+            default=60.0,
+            help="Stop after about this long (default 60); run again to go on.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django.tasks import task_backends
@@ -181,3 +190,20 @@ def _table(head: list[str], body: list[list[str]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def do_prune(self, max_seconds: float = 60.0, **_: Any) -> None:
+        from ...conf import get_settings
+        from ...services import Pruner
+
+        if max_seconds <= 0:
+            raise CommandError(f"--max-seconds must be > 0; got {max_seconds}.")
+        settings = get_settings(self.backend)
+        pruner = Pruner(using=self.using, settings=settings, interval=settings.PRUNE_INTERVAL, backend=self.backend)
+        pruner.budget = max_seconds
+        counts = pruner.run_once()
+        self.stdout.write(
+            f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
+            f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
+        )
