@@ -184,13 +184,6 @@ class Command(BaseCommand):
         except JobsError as exc:
             raise CommandError(str(exc)) from None
 
-
-def _table(head: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
     # -- retention --------------------------------------------------------------------------------
 
     def do_prune(self, max_seconds: float = 60.0, **_: Any) -> None:
@@ -207,3 +200,10 @@ def _table(head: list[str], body: list[list[str]]) -> str:
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
             f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
         )
+
+
+def _table(head: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
