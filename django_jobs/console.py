@@ -6,15 +6,38 @@ Writes (retry, cancel, pause) go through :mod:`django_jobs.api` and :mod:`django
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Min, Q, Sum
+from django.utils import timezone
 
 from .states import UNFINISHED_STATES, JobState
 
-__all__ = ["QueueRow", "job_detail", "list_jobs", "queue_overview"]
+__all__ = [
+    "Bucket",
+    "Dashboard",
+    "Outcomes",
+    "QueueDashboard",
+    "QueueRow",
+    "QueueStats",
+    "TaskRow",
+    "Throughput",
+    "WorkerRow",
+    "Workers",
+    "dashboard",
+    "finished_before",
+    "job_detail",
+    "list_jobs",
+    "queue_dashboard",
+    "queue_exists",
+    "queue_overview",
+    "throughput",
+    "workers",
+]
 
 
 @dataclass(frozen=True)
@@ -27,39 +50,47 @@ class QueueRow:
     concurrency: int | None = None
     rate_limit: tuple[int, float] | None = None
     max_size: int | None = None
+    #: When the queue's longest-waiting ready job became ready (None: nothing waits).
+    oldest_waiting_at: datetime | None = None
 
 
 def queue_overview(*, using: str, backend: str) -> list[QueueRow]:
     """Every queue with unfinished jobs of ``backend`` or a QueueState row, by name. Counts only
     unfinished states (one GROUP BY over django_jobs_unfinished_idx): finished history, which
     grows without bound, is never counted."""
-    from .models import Job, QueueState
+    from .models import QueueState
 
-    counts: dict[str, dict[str, int]] = {}
-    rows = (
-        Job.objects.using(using)
-        .filter(backend=backend, state__in=UNFINISHED_STATES)
-        .values_list("queue", "state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for queue, state, n in rows:
-        counts.setdefault(queue, {})[state] = n
+    unfinished = _unfinished(using, backend)
     states = {row.name: row for row in QueueState.objects.using(using).all()}
-    out = []
-    for name in sorted(set(counts) | set(states)):
-        row = states.get(name)
-        out.append(
-            QueueRow(
-                name=name,
-                counts={s: counts.get(name, {}).get(s, 0) for s in UNFINISHED_STATES},
-                paused=bool(row and row.paused),
-                concurrency=row.concurrency_limit if row else None,
-                rate_limit=(row.rate_limit, row.rate_window_seconds) if row and row.rate_limit else None,
-                max_size=row.max_size if row else None,
-            )
-        )
+    return [_queue_row(name, unfinished.get(name), states.get(name)) for name in sorted(set(unfinished) | set(states))]
+
+
+def _unfinished(using: str, backend: str) -> dict[str, tuple[dict[str, int], datetime | None]]:
+    """``{queue: ({state: n}, oldest waiting available_at)}`` in one GROUP BY over the unfinished
+    rows only (django_jobs_unfinished_idx): its cost follows the backlog, not the history."""
+    from .models import Job
+
+    jobs = Job.objects.using(using).filter(backend=backend, state__in=UNFINISHED_STATES)
+    out: dict[str, tuple[dict[str, int], datetime | None]] = {}
+    rows = jobs.values_list("queue", "state").annotate(n=Count("id"), oldest=Min("available_at")).order_by()
+    for name, state, n, oldest in rows:
+        counts, waiting_since = out.get(name, ({}, None))
+        counts[state] = n
+        out[name] = (counts, oldest if state == JobState.WAITING else waiting_since)
     return out
+
+
+def _queue_row(name: str, unfinished: tuple[dict[str, int], datetime | None] | None, state: Any) -> QueueRow:
+    counts, oldest = unfinished or ({}, None)
+    return QueueRow(
+        name=name,
+        counts={s: counts.get(s, 0) for s in UNFINISHED_STATES},
+        paused=bool(state and state.paused),
+        concurrency=state.concurrency_limit if state else None,
+        rate_limit=(state.rate_limit, state.rate_window_seconds) if state and state.rate_limit else None,
+        max_size=state.max_size if state else None,
+        oldest_waiting_at=oldest,
+    )
 
 
 def list_jobs(
@@ -98,3 +129,407 @@ def job_detail(*, using: str, job_id: str) -> tuple[Any, list[Any]] | None:
     if job is None:
         return None
     return job, list(JobLog.objects.using(using).filter(job_id=pk).order_by("idx"))
+
+
+# -- the operations dashboards ---------------------------------------------------------------------
+#
+# Finished jobs are counted from Metric (one row per queue and minute, written with the outcome
+# batches), never with a COUNT over the job table: its finished history has millions of rows. The
+# unfinished states are counted through their partial index, so every query below costs what the
+# backlog, the last day's metric rows or the live workers cost, whatever the history holds.
+
+#: The window of the jobs/min figure: the last five whole minutes (the current one is partial).
+RATE_MINUTES = 5
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Jobs finished in a window (sums of Metric rows)."""
+
+    completed: int = 0
+    failed: int = 0
+    #: Attempts that ended in a retry.
+    retried: int = 0
+    #: Run time of the completed and failed jobs' last attempts, summed.
+    runtime_ms: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.failed
+
+    @property
+    def failure_rate(self) -> float | None:
+        """``failed / (completed + failed)``, 0..1; None when nothing finished."""
+        return self.failed / self.finished if self.finished else None
+
+    @property
+    def avg_runtime_ms(self) -> float | None:
+        """Mean run time of a finished job; None when nothing finished."""
+        return self.runtime_ms / self.finished if self.finished else None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue of the dashboard: its overview row and what finished lately."""
+
+    row: QueueRow
+    now: datetime
+    #: The last :data:`RATE_MINUTES` whole minutes, the last 60 minutes and the last 1440 (each
+    #: window ends with the current minute, except the first, which stops before it).
+    recent: Outcomes = Outcomes()
+    hour: Outcomes = Outcomes()
+    day: Outcomes = Outcomes()
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+    @property
+    def jobs_per_minute(self) -> float:
+        """Completed plus failed jobs per minute over the last :data:`RATE_MINUTES` whole minutes."""
+        return self.recent.finished / RATE_MINUTES
+
+    @property
+    def oldest_waiting_age(self) -> timedelta | None:
+        """How long the queue's longest-waiting ready job has been ready (None: nothing waits)."""
+        if self.row.oldest_waiting_at is None:
+            return None
+        return max(self.now - self.row.oldest_waiting_at, timedelta(0))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Jobs finished in ``minutes`` minutes from ``start``."""
+
+    start: datetime
+    minutes: int
+    completed: int = 0
+    failed: int = 0
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(minutes=self.minutes)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Completed and failed jobs per bucket, oldest first; the last bucket ends with the current
+    minute."""
+
+    buckets: list[Bucket]
+    bucket_minutes: int
+
+    @property
+    def completed(self) -> int:
+        return sum(b.completed for b in self.buckets)
+
+    @property
+    def failed(self) -> int:
+        return sum(b.failed for b in self.buckets)
+
+    @property
+    def minutes(self) -> int:
+        return self.bucket_minutes * len(self.buckets)
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One registered worker process and the jobs it runs."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age: timedelta
+    #: Its heartbeat is older than the reaper's limit: the process is probably gone.
+    stale: bool
+    running: int
+
+
+@dataclass(frozen=True)
+class Workers:
+    rows: list[WorkerRow]
+    #: A heartbeat older than this marks a worker stale (three leases, the reaper's limit).
+    stale_after: timedelta
+    #: Active jobs whose worker has no row (the rescuer re-queues them when their lease expires).
+    running_elsewhere: int = 0
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """The queues overview: every queue, the throughput of all queues, the live workers."""
+
+    now: datetime
+    queues: list[QueueStats]
+    hour: Throughput
+    day: Throughput
+    workers: Workers
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """Unfinished jobs of one task in one queue, per state."""
+
+    task_path: str
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class QueueDashboard:
+    """One queue's page: its figures, its throughput and its unfinished jobs per task."""
+
+    stats: QueueStats
+    hour: Throughput
+    day: Throughput
+    tasks: list[TaskRow]
+
+
+def dashboard(*, using: str, backend: str, now: datetime | None = None) -> Dashboard:
+    """Everything the queues overview shows, in six queries whatever the number of jobs.
+
+    Queues listed: those with unfinished jobs of ``backend``, a QueueState row, or Metric rows in
+    the last day. ``hour`` has 60 one-minute buckets and ``day`` 96 quarter-hours, of all queues.
+    """
+    from .models import QueueState
+
+    now = now or timezone.now()
+    unfinished = _unfinished(using, backend)
+    states = {row.name: row for row in QueueState.objects.using(using).all()}
+    windows = _outcomes_by_queue(using, now)
+    queues = [
+        QueueStats(row=_queue_row(name, unfinished.get(name), states.get(name)), now=now, **windows.get(name, {}))
+        for name in sorted(set(unfinished) | set(states) | set(windows))
+    ]
+    per_minute = _per_minute(using, None, _first_minute(now, 1440), now)
+    return Dashboard(
+        now=now,
+        queues=queues,
+        hour=_bucketed(per_minute, now, minutes=60, bucket=1),
+        day=_bucketed(per_minute, now, minutes=1440, bucket=15),
+        workers=workers(using=using, backend=backend, now=now),
+    )
+
+
+def queue_dashboard(*, using: str, backend: str, name: str, now: datetime | None = None) -> QueueDashboard | None:
+    """One queue's figures, throughput (last hour by minute, last day by quarter-hour) and
+    unfinished jobs per task; None for a queue that has no jobs, no QueueState row and no
+    metrics (see :func:`queue_exists`)."""
+    from .models import Job, QueueState
+
+    now = now or timezone.now()
+    state = QueueState.objects.using(using).filter(name=name).first()
+    per_task: dict[str, dict[str, int]] = {}
+    counts: dict[str, int] = {}
+    oldest: datetime | None = None
+    rows = (
+        Job.objects.using(using)
+        .filter(backend=backend, queue=name, state__in=UNFINISHED_STATES)
+        .values_list("task_path", "state")
+        .annotate(n=Count("id"), oldest=Min("available_at"))
+        .order_by()
+    )
+    for task_path, job_state, n, first in rows:
+        per_task.setdefault(task_path, {})[job_state] = n
+        counts[job_state] = counts.get(job_state, 0) + n
+        if job_state == JobState.WAITING and (oldest is None or first < oldest):
+            oldest = first
+    per_minute = _per_minute(using, name, _first_minute(now, 1440), now)
+    if state is None and not counts and not per_minute and not queue_exists(using=using, backend=backend, name=name):
+        return None
+    minute = _floor_minute(now)
+    stats = QueueStats(
+        row=_queue_row(name, (counts, oldest), state),
+        now=now,
+        recent=_sum(per_minute, minute - timedelta(minutes=RATE_MINUTES), minute),
+        hour=_sum(per_minute, _first_minute(now, 60), minute + timedelta(minutes=1)),
+        day=_sum(per_minute, _first_minute(now, 1440), minute + timedelta(minutes=1)),
+    )
+    tasks = [
+        TaskRow(task_path=path, counts={s: c.get(s, 0) for s in UNFINISHED_STATES}) for path, c in per_task.items()
+    ]
+    tasks.sort(key=lambda t: (-t.total, t.task_path))
+    return QueueDashboard(
+        stats=stats,
+        hour=_bucketed(per_minute, now, minutes=60, bucket=1),
+        day=_bucketed(per_minute, now, minutes=1440, bucket=15),
+        tasks=tasks,
+    )
+
+
+def queue_exists(*, using: str, backend: str, name: str) -> bool:
+    """Whether ``name`` is a queue: it has a QueueState row, Metric rows or jobs of ``backend``
+    (unfinished or finished). Each probe is an EXISTS on an index led by the queue name."""
+    from .models import Job, Metric, QueueState
+    from .states import FINISHED_STATES
+
+    jobs = Job.objects.using(using).filter(backend=backend, queue=name)
+    return (
+        QueueState.objects.using(using).filter(name=name).exists()
+        or jobs.filter(state__in=UNFINISHED_STATES).exists()
+        or jobs.filter(state__in=sorted(FINISHED_STATES)).exists()
+        or Metric.objects.using(using).filter(queue=name).exists()
+    )
+
+
+def finished_before(*, using: str, backend: str, queue: str, state: str, before: datetime, cap: int = 10_000) -> int:
+    """How many of ``queue``'s jobs finished in ``state`` before ``before``, counted up to
+    ``cap + 1`` (a result above ``cap`` means "more than cap"): what a clean would delete. The
+    count walks django_jobs_finished_q_idx and stops after ``cap + 1`` rows."""
+    from .models import Job
+
+    return (
+        Job.objects.using(using)
+        .filter(backend=backend, queue=queue, state=state, finished_at__lt=before)
+        .order_by()[: cap + 1]
+        .count()
+    )
+
+
+def throughput(
+    *, using: str, queue: str | None = None, minutes: int = 60, bucket: int = 1, now: datetime | None = None
+) -> Throughput:
+    """Completed and failed jobs of ``queue`` (None: all queues) over the last ``minutes``
+    minutes, in buckets of ``bucket`` minutes, from Metric. The last bucket ends with the current
+    minute; ``minutes`` is rounded up to a whole number of buckets."""
+    if not isinstance(bucket, int) or bucket < 1 or not isinstance(minutes, int) or minutes < 1:
+        raise ValueError(f"minutes and bucket must be integers >= 1; got {minutes!r} and {bucket!r}.")
+    now = now or timezone.now()
+    minutes = math.ceil(minutes / bucket) * bucket
+    per_minute = _per_minute(using, queue, _first_minute(now, minutes), now)
+    return _bucketed(per_minute, now, minutes=minutes, bucket=bucket)
+
+
+def workers(*, using: str, backend: str, now: datetime | None = None) -> Workers:
+    """The registered workers of ``backend`` with how many jobs each runs (one GROUP BY over the
+    active jobs). A worker whose heartbeat is older than three leases is marked stale: the reaper
+    removes such rows and the rescuer re-queues their jobs."""
+    from .conf import get_settings
+    from .models import Job, Worker
+
+    now = now or timezone.now()
+    stale_after = timedelta(seconds=3 * get_settings(backend).LEASE_SECONDS)
+    running = dict(
+        Job.objects.using(using)
+        .filter(backend=backend, state=JobState.ACTIVE)
+        .values_list("worker_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    rows = []
+    for w in Worker.objects.using(using).filter(backend=backend).order_by("started_at", "id"):
+        age = max(now - w.heartbeat_at, timedelta(0))
+        rows.append(
+            WorkerRow(
+                id=w.id,
+                hostname=w.hostname,
+                pid=w.pid,
+                queues=list(w.queues or []),
+                concurrency=w.concurrency,
+                started_at=w.started_at,
+                heartbeat_at=w.heartbeat_at,
+                heartbeat_age=age,
+                stale=age > stale_after,
+                running=running.pop(w.id, 0),
+            )
+        )
+    return Workers(rows=rows, stale_after=stale_after, running_elsewhere=sum(running.values()))
+
+
+def _floor_minute(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def _first_minute(now: datetime, minutes: int) -> datetime:
+    """The first minute of the ``minutes``-minute window that ends with the current minute."""
+    return _floor_minute(now) - timedelta(minutes=minutes - 1)
+
+
+def _per_minute(using: str, queue: str | None, since: datetime, now: datetime) -> dict[datetime, Outcomes]:
+    """Metric sums per minute from ``since`` to the current minute, of one queue or all (at most
+    one row per minute: 1440 for a day)."""
+    from .models import Metric
+
+    metrics = Metric.objects.using(using).filter(
+        minute__gte=since, minute__lt=_floor_minute(now) + timedelta(minutes=1)
+    )
+    if queue is not None:
+        metrics = metrics.filter(queue=queue)
+    rows = (
+        metrics.values_list("minute")
+        .annotate(Sum("completed"), Sum("failed"), Sum("retried"), Sum("runtime_ms"))
+        .order_by()
+    )
+    return {
+        _floor_minute(minute): Outcomes(completed=c or 0, failed=f or 0, retried=r or 0, runtime_ms=ms or 0)
+        for minute, c, f, r, ms in rows
+    }
+
+
+def _sum(per_minute: dict[datetime, Outcomes], since: datetime, until: datetime) -> Outcomes:
+    """The outcomes of the minutes in ``[since, until)``."""
+    picked = [o for minute, o in per_minute.items() if since <= minute < until]
+    return Outcomes(
+        completed=sum(o.completed for o in picked),
+        failed=sum(o.failed for o in picked),
+        retried=sum(o.retried for o in picked),
+        runtime_ms=sum(o.runtime_ms for o in picked),
+    )
+
+
+def _bucketed(per_minute: dict[datetime, Outcomes], now: datetime, *, minutes: int, bucket: int) -> Throughput:
+    first = _first_minute(now, minutes)
+    count = minutes // bucket
+    completed, failed = [0] * count, [0] * count
+    for minute, outcome in per_minute.items():
+        index = int((minute - first).total_seconds() // 60) // bucket
+        if 0 <= index < count:
+            completed[index] += outcome.completed
+            failed[index] += outcome.failed
+    return Throughput(
+        buckets=[
+            Bucket(
+                start=first + timedelta(minutes=i * bucket), minutes=bucket, completed=completed[i], failed=failed[i]
+            )
+            for i in range(count)
+        ],
+        bucket_minutes=bucket,
+    )
+
+
+def _outcomes_by_queue(using: str, now: datetime) -> dict[str, dict[str, Outcomes]]:
+    """``{queue: {"recent", "hour", "day": Outcomes}}`` of the queues with Metric rows in the last
+    day, in one query (conditional sums over the last day's rows, found by the minute index)."""
+    from .models import Metric
+
+    minute = _floor_minute(now)
+    windows = {
+        "recent": Q(minute__gte=minute - timedelta(minutes=RATE_MINUTES), minute__lt=minute),
+        "hour": Q(minute__gte=_first_minute(now, 60)),
+        "day": Q(),
+    }
+    columns = ("completed", "failed", "retried", "runtime_ms")
+    sums = {
+        f"{window}_{column}": Sum(column, filter=condition or None, default=0)
+        for window, condition in windows.items()
+        for column in columns
+    }
+    rows = (
+        Metric.objects.using(using)
+        .filter(minute__gte=_first_minute(now, 1440), minute__lt=minute + timedelta(minutes=1))
+        .values("queue")
+        .annotate(**sums)
+        .order_by()
+    )
+    return {
+        row["queue"]: {
+            window: Outcomes(**{column: row[f"{window}_{column}"] for column in columns}) for window in windows
+        }
+        for row in rows
+    }
