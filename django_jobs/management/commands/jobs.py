@@ -72,34 +72,43 @@ class Command(BaseCommand):
             self.stdout.write("")
 
     def _status_table(self) -> str:
-        from ...console import queue_overview
+        from ...console import dashboard
 
-        rows = queue_overview(using=self.using, backend=self.backend)
-        head = [
-            "queue",
-            "waiting",
-            "delayed",
-            "active",
-            "waiting-children",
-            "paused",
-            "concurrency",
-            "rate",
-            "max size",
-        ]
-        body = [
-            [
-                r.name,
-                *(str(r.counts[s]) for s in ("waiting", "delayed", "active", "waiting-children")),
-                "yes" if r.paused else "",
-                "" if r.concurrency is None else str(r.concurrency),
-                "" if r.rate_limit is None else f"{r.rate_limit[0]}/{r.rate_limit[1]:g}s",
-                "" if r.max_size is None else str(r.max_size),
-            ]
-            for r in rows
-        ]
+        board = dashboard(using=self.using, backend=self.backend)
+        head = ["queue", "waiting", "delayed", "active", "waiting-children", "done/1h", "failed/1h", "jobs/min",
+                "avg run", "oldest wait", "paused", "concurrency", "rate", "max size"]  # fmt: skip
+        body = []
+        for q in board.queues:
+            r = q.row
+            avg = q.hour.avg_runtime_ms
+            age = q.oldest_waiting_age
+            body.append(
+                [
+                    r.name,
+                    *(str(r.counts[s]) for s in ("waiting", "delayed", "active", "waiting-children")),
+                    str(q.hour.completed),
+                    str(q.hour.failed),
+                    f"{q.jobs_per_minute:g}",
+                    "" if avg is None else f"{avg:,.0f} ms",
+                    "" if age is None else _duration(age.total_seconds()),
+                    "yes" if r.paused else "",
+                    "" if r.concurrency is None else str(r.concurrency),
+                    "" if r.rate_limit is None else f"{r.rate_limit[0]}/{r.rate_limit[1]:g}s",
+                    "" if r.max_size is None else str(r.max_size),
+                ]
+            )
         if not body:
-            return "No queues with unfinished jobs or settings."
-        return _table(head, body)
+            return "No queues with unfinished jobs, settings or jobs finished in the last day."
+        lines = [_table(head, body), ""]
+        workers = board.workers.rows
+        lines.append(f"{len(workers)} worker(s):" if workers else "No live workers.")
+        for w in workers:
+            stale = "  STALE" if w.stale else ""
+            lines.append(
+                f"  {w.hostname} pid {w.pid}  queues {','.join(w.queues) or '*'}  concurrency {w.concurrency}  "
+                f"running {w.running}  heartbeat {_duration(w.heartbeat_age.total_seconds())} ago{stale}"
+            )
+        return "\n".join(lines)
 
     def do_list(self, queue=None, state=None, task=None, limit=20, **_: Any) -> None:  # noqa: ANN001
         from ...console import list_jobs
@@ -207,3 +216,15 @@ def _table(head: list[str], body: list[list[str]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h04m``, ``3d02h``."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
