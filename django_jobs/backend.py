@@ -125,6 +125,8 @@ class JobTask(Task, metaclass=_JobTaskMeta):
                 f"Unknown option(s) for using(): {', '.join(sorted(unknown))}. Allowed: priority, "
                 f"queue_name, run_after, backend, {', '.join(JOB_OPTIONS)}."
             )
+        if options.get("retention") is not None:
+            _check_using_retention(options["retention"])
         changes: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
         if options.get("dedup") is False:  # off for this call, whatever the decorator said
             changes["dedup"] = None
@@ -251,6 +253,21 @@ def validate_job_options(task: Task) -> None:
             validate_policies(retention, "retention")
         except InvalidRetention as exc:
             raise InvalidTaskOptions(str(exc)) from None
+
+
+def _check_using_retention(retention: Any) -> None:
+    """``.using(retention=...)``: valid policies, ages only (a count limits a task's jobs)."""
+    from .retention import InvalidRetention, validate_policies
+
+    try:
+        policies = validate_policies(retention, "retention")
+    except InvalidRetention as exc:
+        raise InvalidTaskOptions(str(exc)) from None
+    if any(p.count is not None for p in policies.values()):
+        raise InvalidTaskOptions(
+            "A retention count limits how many of a task's (or queue's) finished jobs are kept, so it belongs on "
+            "@task(retention=...) or in DJANGO_JOBS['RETENTION']; .using(retention=...) takes ages only."
+        )
 
 
 def _retention_json(retention: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPT
 E003 DATABASE alias unknown or vendor unsupported E004 database too old
 E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
 E007 invalid SCHEDULES declaration
-W001 invalid name in QUEUES
+W001 invalid name in QUEUES                      W002 admin without rangefilter
 """
 
 from __future__ import annotations
@@ -132,6 +132,14 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                     id="django_jobs.W001",
                 )
             )
+    if apps.is_installed("django.contrib.admin") and not apps.is_installed("rangefilter"):
+        errors.append(
+            checks.Warning(
+                f"{where}: 'rangefilter' is not in INSTALLED_APPS, so the jobs admin has no date-range filters.",
+                hint="Add 'rangefilter' (django-admin-rangefilter, installed with django-jobs) to INSTALLED_APPS.",
+                id="django_jobs.W002",
+            )
+        )
     return errors
 
 

@@ -133,6 +133,8 @@ class Outcome:
     has_parent: bool = False
     #: The task's ``retention`` (the job's options): when the finished job may be pruned.
     retention: dict[str, Any] | None = None
+    #: How long the attempt ran (ms; the executor measures it). None: from its claim to now.
+    runtime_ms: int | None = None
 
 
 # -- enqueue --------------------------------------------------------------------------------
@@ -1740,7 +1742,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
 
     d = Dialect(using)
     now_sql, now_params = d.now(now)
-    row_sql = "({}, {}, {}, {}, {}, {}, {}, {}, {}, {})".format(
+    row_sql = "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})".format(
         d.cast("%s", "uuid"),
         d.cast("%s", "uuid"),
         d.cast("%s", "text"),
@@ -1751,6 +1753,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         d.cast("%s", "bigint"),
         d.cast("%s", "timestamptz"),
         d.cast("%s", "timestamptz"),
+        d.cast("%s", "bigint"),
     )
     # When retention lets the finished job go (purge_at), from this process's clock: a day's
     # policy does not care about the milliseconds between it and the database's.
@@ -1772,11 +1775,12 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             ready_seq(o.available_at) if o.available_at is not None else None,
             d.dt(purge),
             d.dt(purge_cancelled),
+            o.runtime_ms,
         ]
     t = JOB_TABLE
     events = events_enabled()
     values_cte = (
-        f"WITH v(id, token, state, rv, err, avail, uncount, avail_seq, purge, purge_c) "
+        f"WITH v(id, token, state, rv, err, avail, uncount, avail_seq, purge, purge_c, rt) "
         f"AS (VALUES {', '.join([row_sql] * len(outcomes))})"
     )
     update = (
@@ -1805,14 +1809,14 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             "CASE WHEN r.state IN ('waiting', 'delayed') THEN CASE WHEN r.uncount = 1 THEN 'snoozed' "
             "ELSE 'retried' END ELSE r.state END"
         )
-        runtime = f"(EXTRACT(EPOCH FROM ({now_sql} - r.last_attempted_at)) * 1000)"
+        runtime = f"COALESCE(r.rt, EXTRACT(EPOCH FROM ({now_sql} - r.last_attempted_at)) * 1000)"
         data = (
             f"jsonb_strip_nulls(jsonb_build_object('attempt', r.attempts, 'error', r.err->>'exception_class_path', "
             f"'runtime_ms', round({runtime})::bigint))"
         )
         ended = "r.state IN ('completed', 'failed')"
         sql = (
-            f"{values_cte}, r AS ({update}, v.uncount, v.err), "
+            f"{values_cte}, r AS ({update}, v.uncount, v.err, v.rt), "
             + (f"{_pg_event_cte('r', kind, data)}, " if events else "")
             + f"m AS (INSERT INTO {METRIC_TABLE} (queue, minute, completed, failed, retried, runtime_ms) "
             f"SELECT r.queue, date_trunc('minute', {now_sql}, 'UTC'), count(*) FILTER (WHERE r.state = 'completed'), "
@@ -1894,7 +1898,10 @@ def _outcome_events_and_metrics(
     metrics: dict[str, list[int]] = {}
     for jid, queue, state, _parent, _partition, attempts, started in rows:
         o = by_id[d.to_uuid(jid)]
-        runtime = round((now - d.to_dt(started)).total_seconds() * 1000) if started is not None else 0
+        if o.runtime_ms is not None:
+            runtime = o.runtime_ms
+        else:
+            runtime = round((now - d.to_dt(started)).total_seconds() * 1000) if started is not None else 0
         counts = metrics.setdefault(queue, [0, 0, 0, 0])
         if state in (JobState.WAITING, JobState.DELAYED):
             kind = "snoozed" if o.uncount_attempt else "retried"
@@ -2360,6 +2367,11 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
             # Released when the last child is done, or at once by a failure under "continue".
             release = "(state = 'waiting-children' AND (pending_children <= 1 OR %s = 1))"
             early = 1 if status == "failed" and policy == "continue" else 0
+            # Its state before (row-locked, as the UPDATE would): only a release writes an event.
+            cursor.execute(
+                f"SELECT state FROM {JOB_TABLE} WHERE id = %s {'FOR UPDATE' if d.pg else ''}", [d.uuid(parent_id)]
+            )
+            before = cursor.fetchone()
             cursor.execute(
                 f"UPDATE {JOB_TABLE} SET "
                 # A parent with a run_after still ahead is released to delayed, keeping its time
@@ -2384,9 +2396,10 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
                 ],  # fmt: skip
             )
             row = cursor.fetchone()
-            if row is not None and row[0] in (JobState.WAITING, JobState.DELAYED) and row[2] is not None:
+            was_held = before is not None and before[0] == JobState.WAITING_CHILDREN
+            if row is not None and was_held and row[0] in (JobState.WAITING, JobState.DELAYED):
                 write_events(cursor, d, [(row[1], parent_id, "promoted", {"from": "waiting-children"})], now)
-            if row is not None and row[0] == JobState.WAITING:
+            if row is not None and was_held and row[0] == JobState.WAITING:
                 released.add(row[1])
     if released:
         notify(using, sorted(released))
@@ -2442,7 +2455,14 @@ def cancel_descendants(
             children.filter(state=JobState.ACTIVE, cancel_requested_at__isnull=True).values_list("id", flat=True)
         )
         if running:
-            Job.objects.using(using).filter(id__in=running, state=JobState.ACTIVE).update(cancel_requested_at=now)
+            flagged = list(
+                Job.objects.using(using)
+                .select_for_update()
+                .filter(id__in=running, state=JobState.ACTIVE, cancel_requested_at__isnull=True)
+                .values_list("id", "queue")
+            )
+            Job.objects.using(using).filter(id__in=[j for j, _ in flagged]).update(cancel_requested_at=now)
+            _job_events(using, [(q, j, "cancel-requested", {}) for j, q in flagged], now)
             _notify_cancel(using, running)
         done += cancelled
         # Running children that were released early (failure_policy "continue") have children too.
@@ -2504,6 +2524,8 @@ def advance_schedule(
                 _admit(cursor, Dialect(using), job.queue, {job.partition_key: 1})
                 job.blocked = job.partition_key is not None
                 Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
+                if Job.objects.using(using).filter(id=job.id).exists():  # not a tick's second job
+                    write_events(cursor, Dialect(using), [(job.queue, job.id, "enqueued", _enqueued_data(job))], now)
                 if job.partition_key is not None:
                     _unblock_heads(cursor, Dialect(using), {(job.queue, job.partition_key)})
         except QueueFull as exc:
@@ -2775,7 +2797,8 @@ def promote_due_jobs(*, using: str, limit: int, backend: str | None = None, now:
 
 def make_due(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = None) -> int:
     """Move the given delayed jobs to ``waiting`` now, whatever their time (the test kit's
-    ``drain_queue``); guarded on ``delayed``. Returns how many moved."""
+    ``drain_queue``, the admin's "run now"); guarded on ``delayed``; wakes their queues' workers.
+    Returns how many moved."""
     from django.db.models import BigIntegerField, Case, Value, When
 
     if not job_ids:

@@ -8,8 +8,8 @@ nor sees one twice:
 
 * PostgreSQL hands out ids before commit, so an event with a smaller id can commit after a
   reader passed it. Each event carries its transaction's id (``txid``); a page returns only
-  events of transactions older than every transaction still running (the snapshot's ``xmin``),
-  so nothing can later commit before the cursor. A running transaction holds the page back
+  events of transactions older than every transaction still running in this database, so
+  nothing can later commit before the cursor. A running transaction holds the page back
   until it ends (typically milliseconds).
 * SQLite has one writer at a time: ids commit in order and ``txid`` is 0.
 """
@@ -55,14 +55,30 @@ def _parse(after: str | None) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+#: The oldest transaction still running that may write to this database: the snapshot's
+#: in-progress ids, less those of sessions seen in other databases (transaction ids are the whole
+#: server's, so another database's long transaction would otherwise hold our events back). A
+#: transaction whose database cannot be seen (another user's session without pg_read_all_stats,
+#: a prepared transaction) counts as ours: the horizon errs on the side of waiting. With nothing
+#: running, the snapshot's xmax: every older transaction has ended.
+_HORIZON_SQL = """
+SELECT COALESCE(
+    (SELECT min(x::text::bigint) FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+     WHERE x::text::bigint % 4294967296 NOT IN (
+         SELECT backend_xid::text::bigint FROM pg_stat_activity
+         WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
+"""
+
+
 def _horizon(using: str) -> int | None:
-    """PostgreSQL: the oldest transaction id still running (events of older transactions are
-    all committed or gone). None elsewhere."""
+    """PostgreSQL: events of transactions below this id are all committed or gone. None
+    elsewhere."""
     conn = connections[using]
     if conn.vendor != "postgresql":
         return None
     with conn.cursor() as cursor:
-        cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+        cursor.execute(_HORIZON_SQL)
         return cursor.fetchone()[0]
 
 

@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -22,7 +23,7 @@ from django.utils import timezone as dj_timezone
 
 from .exceptions import JobsError
 
-__all__ = ["InvalidSchedule", "schedule", "sync_schedules", "unschedule"]
+__all__ = ["InvalidSchedule", "next_runs", "run_now", "schedule", "sync_schedules", "unschedule"]
 
 logger = logging.getLogger("django_jobs.schedules")
 
@@ -162,6 +163,83 @@ def _interval_ticks(every: float, offset: float, start: datetime | None, after: 
 def first_tick(sched: Any, now: datetime) -> datetime | None:
     """The first tick a new (or re-timed) schedule fires: the first one after ``now``."""
     return next(ticks_after(sched, now), None)
+
+
+#: The timing fields :func:`next_runs` reads (Schedule columns), and the defaults of missing ones.
+_TIMING_DEFAULTS: dict[str, Any] = {
+    "cron": None,
+    "every_seconds": None,
+    "offset_seconds": 0.0,
+    "timezone": "UTC",
+    "start_at": None,
+    "end_at": None,
+    "limit": None,
+    "iterations": 0,
+    "next_run_at": None,
+}
+
+
+def next_runs(sched: Any, n: int = 5, now: datetime | None = None) -> list[datetime]:
+    """The next ``n`` times the schedule fires, as aware UTC datetimes (a preview: the admin).
+
+    ``sched``: a Schedule row, or a dict (or any object) with its timing fields: ``cron`` or
+    ``every_seconds``, and optionally ``offset_seconds``, ``timezone``, ``start_at``, ``end_at``,
+    ``limit``, ``iterations``, ``next_run_at``. A saved schedule's next run is its
+    ``next_run_at`` (possibly overdue); without one the runs start at the first tick after
+    ``now``, as a new schedule's would. Within its start and end and what is left of its
+    limit. Raises InvalidSchedule when the timing cannot work. An unsaved or disabled schedule
+    gets its times all the same (whether it fires is the caller's to say).
+    """
+    if isinstance(sched, dict):
+        fields = {**_TIMING_DEFAULTS, **sched}
+    else:
+        fields = {name: getattr(sched, name, default) for name, default in _TIMING_DEFAULTS.items()}
+    validate_spec(
+        cron=fields["cron"] or None,
+        every=fields["every_seconds"],
+        offset=fields["offset_seconds"] or 0,
+        timezone=fields["timezone"],
+        start=fields["start_at"],
+        end=fields["end_at"],
+    )
+    timing = SimpleNamespace(**fields)
+    now = now or dj_timezone.now()
+    left = n if fields["limit"] is None else min(n, max(fields["limit"] - (fields["iterations"] or 0), 0))
+    runs: list[datetime] = []
+    following = fields["next_run_at"] or first_tick(timing, now)
+    while following is not None and len(runs) < left:
+        runs.append(following)
+        following = next(ticks_after(timing, following), None)
+    return runs
+
+
+def run_now(sched: Any, *, now: datetime | None = None) -> Any:
+    """Enqueue one job from ``sched``'s template at once, outside its ticks, and return the Job.
+
+    The job is what a tick would enqueue (task, arguments, queue, priority, options) without a
+    ``scheduler_key``, so it never takes the unique key of a tick; the schedule's ``next_run_at``,
+    ``iterations`` and ``limit`` are left alone. Raises QueueFull when the queue is at its size
+    limit, TaskNotFound when the task path does not resolve.
+    """
+    from . import engine
+
+    now = now or dj_timezone.now()
+    job = _job_for(sched, now, now)
+    return engine.insert_job(
+        using=_database(sched.backend),
+        backend=job.backend,
+        task_path=job.task_path,
+        queue=job.queue,
+        priority=job.priority,
+        args=job.args,
+        kwargs=job.kwargs,
+        max_attempts=job.max_attempts,
+        options=job.options,
+        lifo=bool(job.options.get("lifo")),
+        trace_id=job.trace_id,
+        partition=job.partition_key,
+        now=now,
+    )
 
 
 # -- the public API ------------------------------------------------------------------------------

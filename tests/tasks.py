@@ -270,3 +270,10 @@ def lifo_mark(path: str, key) -> str:
     """``mark`` as a LIFO task: claimed before FIFO jobs of its priority, newest first."""
     record(path, key=key, pid=os.getpid())
     return key
+
+
+@task(retention={"completed": {"count": 2}})
+def keeps_two_latest(value=None):
+    """Declared in the app's tasks.py, which a worker and ``jobs prune`` import: the pruner
+    knows its count limit in any process."""
+    return value

@@ -65,7 +65,9 @@ class Attempt:
     right once; whoever loses drops its outcome.
     """
 
-    __slots__ = ("job", "timeout", "deadline", "cancelled", "future", "in_child", "watched", "_lock", "_settled")
+    __slots__ = (
+        "job", "timeout", "deadline", "started", "cancelled", "future", "in_child", "watched", "_lock", "_settled",
+    )  # fmt: skip
 
     def __init__(self, job: ClaimedJob, *, timeout: float | None = None, watched: bool = False):
         self.job = job
@@ -73,6 +75,8 @@ class Attempt:
         #: Monotonic time the attempt must end by; set by :meth:`start` (None: not started, or
         #: no timeout).
         self.deadline: float | None = None
+        #: Monotonic time the attempt started (None: not yet): its run time is measured from here.
+        self.started: float | None = None
         #: Set when the job is cancelled (before or while it runs); ``context.is_cancelled()``
         #: reads it.
         self.cancelled = threading.Event()
@@ -86,7 +90,9 @@ class Attempt:
         self._settled = False
 
     def start(self) -> None:
-        """The attempt starts now: its timeout runs from here."""
+        """The attempt starts now: its timeout and its run time run from here."""
+        if self.started is None:
+            self.started = time.monotonic()
         if self.timeout:
             self.deadline = time.monotonic() + self.timeout
 
@@ -195,8 +201,11 @@ class Executor:
         KeyboardInterrupt; a task's SystemExit is recorded like any other error.
 
         Returns None when the worker gave the attempt up meanwhile (see :meth:`give_up`): its
-        late outcome is dropped and logged.
+        late outcome is dropped and logged. The outcome carries the attempt's run time.
         """
+        return _timed(attempt, self._execute(job, attempt))
+
+    def _execute(self, job: ClaimedJob, attempt: Attempt) -> Outcome | None:
         if attempt.deadline is None:
             attempt.start()
         if attempt.cancelled.is_set():
@@ -253,6 +262,9 @@ class Executor:
     def give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         """Record ``attempt`` as failed with ``exc`` (a timeout, or a cancel or death in a child
         process) unless its own outcome was recorded first; None then."""
+        return _timed(attempt, self._give_up(attempt, exc))
+
+    def _give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         if not attempt.settle():
             return None
         job = attempt.job
@@ -370,6 +382,13 @@ def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
     for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
         if isinstance(response, Exception):
             logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response)
+
+
+def _timed(attempt: Attempt, outcome: Outcome | None) -> Outcome | None:
+    """``outcome`` with the attempt's run time (the Metric and event ``runtime_ms``)."""
+    if outcome is not None and attempt.started is not None and outcome.runtime_ms is None:
+        outcome.runtime_ms = round((time.monotonic() - attempt.started) * 1000)
+    return outcome
 
 
 def outcome_for(job: ClaimedJob, **fields: Any) -> Outcome:

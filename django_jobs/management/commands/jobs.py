@@ -201,6 +201,9 @@ class Command(BaseCommand):
 
         if max_seconds <= 0:
             raise CommandError(f"--max-seconds must be > 0; got {max_seconds}.")
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("tasks")  # the tasks' own count limits, as a worker knows them
         settings = get_settings(self.backend)
         pruner = Pruner(using=self.using, settings=settings, interval=settings.PRUNE_INTERVAL, backend=self.backend)
         pruner.budget = max_seconds
