@@ -28,6 +28,9 @@ DJANGO_JOBS = {"MAX_ATTEMPTS": 1}
 for _name in ("LEASE_SECONDS", "RESCUE_INTERVAL"):
     if os.environ.get(f"JOBS_BENCH_{_name}"):
         DJANGO_JOBS[_name] = float(os.environ[f"JOBS_BENCH_{_name}"])
+# JOBS_BENCH_EVENTS=0: the same run without the event log (the A/B of its cost).
+if os.environ.get("JOBS_BENCH_EVENTS") == "0":
+    DJANGO_JOBS["EVENTS"] = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":
