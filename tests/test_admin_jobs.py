@@ -80,8 +80,11 @@ def completed_job():
     return result
 
 
-def act(client: Client, action: str, ids, query: str = "", across: bool = False):
+def act(client: Client, action: str, ids, query: str = "", across: bool = False, confirm: bool = True):
+    """POST an action of the changelist (``confirm``: past the delete action's confirmation)."""
     data = {"action": action, "index": "0", "select_across": "1" if across else "0"}
+    if confirm:
+        data["post"] = "yes"
     data["_selected_action"] = [str(getattr(i, "id", i)) for i in ids]
     return client.post(CHANGELIST + query, data)
 
@@ -759,3 +762,22 @@ def test_workers_list_their_running_jobs(admin_client):
     assert set(rows) == {"w-1", "w-2"}
     assert '<td class="field-running">2</td>' in rows["w-1"]
     assert '<td class="field-running">0</td>' in rows["w-2"] and "emails" in rows["w-2"]
+
+
+@pytest.mark.django_db
+def test_delete_asks_first_on_the_list_and_on_the_job_page(admin_client):
+    jobs = [tasks.noop.using(queue_name="bulk").enqueue() for _ in range(3)]
+    other = tasks.noop.using(queue_name="other").enqueue()
+    response = act(admin_client, "delete_jobs", [jobs[0].id], query="?queue=bulk", across=True, confirm=False)
+    body = response.content.decode()
+    assert response.status_code == 200 and "Delete 3 jobs (every job the list" in body
+    assert Job.objects.count() == 4, "the confirmation page deletes nothing"
+    assert 'name="post" value="yes"' in body and 'action="/admin/django_jobs/job/?queue=bulk"' in body
+    act(admin_client, "delete_jobs", [jobs[0].id], query="?queue=bulk", across=True)
+    assert list(Job.objects.values_list("id", flat=True)) == [uuid.UUID(other.id)]
+
+    page = admin_client.get(f"{CHANGELIST}{other.id}/delete/")
+    assert page.status_code == 200 and "Delete job" in page.content.decode()
+    assert Job.objects.filter(id=other.id).exists(), "GET only asks"
+    admin_client.post(f"{CHANGELIST}{other.id}/delete/")
+    assert not Job.objects.exists()

@@ -569,10 +569,32 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description="Delete the selected jobs", permissions=["delete"])
     def delete_jobs(self, request, queryset):
         self._require(request, "delete")
+        if request.POST.get("post") != "yes":
+            return self._confirm_delete(request, queryset)
         using, deleted = _using(), 0
         for rows in _id_batches(queryset):
             deleted += engine.delete_jobs(using=using, job_ids=[pk for pk, _, _ in rows])
         self.message_user(request, f"Deleted {_jobs(deleted)}.", messages.SUCCESS)
+
+    def _confirm_delete(self, request: Any, queryset: Any) -> TemplateResponse:
+        """The page before a delete, as Django's own: how many jobs (counted up to a cap, never
+        the whole table) and a form that posts the same action again with ``post=yes``."""
+        cap = 10_000
+        count = queryset.order_by()[: cap + 1].count()
+        across = request.POST.get("select_across") == "1"
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Delete jobs?",
+            "count": min(count, cap),
+            "more": count > cap,
+            "across": across,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "states": sorted(set(queryset.order_by().values_list("state", flat=True)[:cap])),
+            "back": request.get_full_path(),
+        }
+        return TemplateResponse(request, "django_jobs/admin/job/delete_confirmation.html", context)
 
     def delete_model(self, request, obj):
         engine.delete_jobs(using=_using(), job_ids=[obj.pk])
@@ -639,6 +661,18 @@ class JobAdmin(admin.ModelAdmin):
         buttons): checks the permission (403 without it), calls the engine, says what happened,
         records it in the job's admin history, and goes back to the job page (the list after a
         delete)."""
+        if action == "delete" and request.method in ("GET", "HEAD"):
+            # The Delete button leads here first: a page that says what goes, with the real button.
+            self._require(request, "delete")
+            job = self._get_job(request, object_id)
+            context = {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": "Delete this job?",
+                "job": job,
+                "back": reverse("admin:django_jobs_job_change", args=[job.pk]),
+            }
+            return TemplateResponse(request, "django_jobs/admin/job/delete_job_confirmation.html", context)
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_view_permission(request):
