@@ -36,7 +36,7 @@ from .tracing import trace_id_for_new_job, validate_trace_id
 
 logger = logging.getLogger("django_jobs.backend")
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}\Z")  # \Z: "$" would let a final newline in
 
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
 JOB_OPTIONS = (

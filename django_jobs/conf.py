@@ -88,8 +88,12 @@ class JobsSettings:
         import re
 
         problems = []
-        if not isinstance(self.NOTIFY_CHANNEL, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}$", self.NOTIFY_CHANNEL):
-            problems.append("NOTIFY_CHANNEL must be a lower-case SQL identifier (letters, digits, '_').")
+        # At most 56 characters: the events channel is NOTIFY_CHANNEL + "_events", and PostgreSQL
+        # refuses a channel longer than 63.
+        if not isinstance(self.NOTIFY_CHANNEL, str) or not re.match(r"^[a-z_][a-z0-9_]{0,55}\Z", self.NOTIFY_CHANNEL):
+            problems.append(
+                "NOTIFY_CHANNEL must be a lower-case SQL identifier (letters, digits, '_') of at most 56 characters."
+            )
         if not isinstance(self.MAX_ATTEMPTS, int) or self.MAX_ATTEMPTS < 1:
             problems.append("MAX_ATTEMPTS must be an integer >= 1.")
         if not _positive(self.LEASE_SECONDS) or self.LEASE_SECONDS < 1:
@@ -118,13 +122,14 @@ class JobsSettings:
                 problems.append(str(exc))
         if not isinstance(self.EVENTS, bool):
             problems.append("EVENTS must be True or False.")
-        for name in ("EVENTS_MAX_PER_QUEUE", "PRUNE_BATCH_SIZE"):
+        for name, most in (("EVENTS_MAX_PER_QUEUE", 10**9), ("PRUNE_BATCH_SIZE", 10_000)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                problems.append(f"{name} must be a positive integer.")
-        for name in ("PRUNE_INTERVAL", "METRICS_KEEP_DAYS"):
-            if not _positive(getattr(self, name)):
-                problems.append(f"{name} must be a positive number.")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                problems.append(f"{name} must be an integer from 1 to {most:,}.")
+        for name, most in (("PRUNE_INTERVAL", 86_400), ("METRICS_KEEP_DAYS", 36_500)):
+            value = getattr(self, name)
+            if not _positive(value) or not value <= most:
+                problems.append(f"{name} must be a positive number up to {most:,}.")
         if self.RETENTION is not None:
             from .retention import InvalidRetention, validate_retention_setting
 

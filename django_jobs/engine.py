@@ -385,8 +385,8 @@ def _insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
          cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s", "%s"]
     )  # fmt: skip
-    # PostgreSQL with events: each row's "enqueued" event rides on the statement (three more
-    # parameters after the rows: queue, the event's data, and nothing else differs per row).
+    # PostgreSQL with events: each row's "enqueued" event rides on the statement (two more
+    # parameters after the rows: the queue and the event's data, the same for every row).
     event = (
         f", ev AS (INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) SELECT {_TXID}, %s, v.id, 'enqueued', "
         f"%s::jsonb, clock_timestamp() FROM v)"
@@ -1117,12 +1117,15 @@ def _unblock_heads(cursor: Any, d: Dialect, partitions: set[tuple[str, str]]) ->
     if d.pg:
         # One statement for the batch (an outcome batch finishes jobs of many partitions): per
         # (queue, partition), its first partition_concurrency (default 1) unfinished jobs.
+        # The rows are locked in id order first (the ORDER BY ... FOR UPDATE): two batches freeing
+        # overlapping partitions then wait for each other instead of deadlocking.
         values = ", ".join(["(%s::text, %s::text)"] * len(keys))
         cursor.execute(
-            f"UPDATE {JOB_TABLE} SET blocked = false WHERE id IN (SELECT n.id FROM (VALUES {values}) v(q, p) "
+            f"UPDATE {JOB_TABLE} SET blocked = false WHERE id IN (SELECT b.id FROM {JOB_TABLE} b WHERE b.id IN ("
+            f"SELECT n.id FROM (VALUES {values}) v(q, p) "
             f"CROSS JOIN LATERAL (SELECT u.id FROM {JOB_TABLE} u WHERE u.queue = v.q AND u.partition_key = v.p "
             f"AND u.state IN {UNFINISHED_SQL} ORDER BY u.id LIMIT (SELECT COALESCE(MAX(partition_concurrency), 1) "
-            f"FROM {QUEUE_TABLE} WHERE name = v.q)) n) AND blocked",
+            f"FROM {QUEUE_TABLE} WHERE name = v.q)) n) AND b.blocked ORDER BY b.id FOR UPDATE) AND blocked",
             [x for key in keys for x in key],
         )
         return cursor.rowcount
@@ -1881,9 +1884,19 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         # Their partitions' next jobs may run now: one transaction for the batch (one commit, not
         # one per partition). After the outcomes' own commit: a crash in between leaves them
         # blocked for the PartitionSweeper.
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            if _unblock_heads(cursor, d, turns):
-                requeued |= {q for q, _ in turns}
+        from .db import is_transient
+
+        try:
+            with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                if _unblock_heads(cursor, d, turns):
+                    requeued |= {q for q, _ in turns}
+        except OperationalError as exc:
+            # The outcomes are committed; only this hint failed (a lock conflict, a lost
+            # connection). Raising would make the completer write them again: leave the
+            # partitions to the PartitionSweeper instead.
+            if not is_transient(exc):
+                raise
+            logger.info("Freeing the next jobs of %d partition(s) failed (%s); the sweeper will.", len(turns), exc)
     if requeued:
         notify(using, sorted(requeued))
     return written
@@ -2546,9 +2559,7 @@ def advance_schedule(
 
 def set_queue_paused(*, using: str, queue: str, paused: bool) -> None:
     """Pause or resume ``queue`` for every worker (the claim skips paused queues)."""
-    with transaction.atomic(using=using):
-        QueueState.objects.using(using).update_or_create(name=queue, defaults={"paused": paused})
-        _job_events(using, [(queue, None, "paused" if paused else "resumed", {})])
+    update_queue_state(using=using, queue=queue, changes={"paused": paused})
     if not paused:
         notify(using, [queue])  # wake the workers that skipped it
 
@@ -2559,7 +2570,11 @@ def update_queue_state(*, using: str, queue: str, changes: dict[str, Any]) -> No
     if not changes:
         return
     with transaction.atomic(using=using):
+        was = QueueState.objects.using(using).select_for_update().filter(name=queue).values_list("paused", flat=True)
+        was_paused = bool(was.first())
         QueueState.objects.using(using).update_or_create(name=queue, defaults=changes)
+        if "paused" in changes and bool(changes["paused"]) != was_paused:
+            _job_events(using, [(queue, None, "paused" if changes["paused"] else "resumed", {})])
         starts = JobStart.objects.using(using).filter(queue=queue)
         if "rate_limit" in changes and changes["rate_limit"] is None:
             starts.filter(partition_key="").delete()
@@ -2656,6 +2671,17 @@ def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = 
 _FINISHED_SQL = "('completed', 'failed', 'cancelled')"
 
 
+def _prunable(d: Dialect, now_sql: str) -> str:
+    """What a finished job ``j`` needs to be deleted besides its policy: no dedup key of its
+    that still holds (``Dedup(ttl=...)`` holds whatever the job's state), and no unfinished
+    flow child (a worker finishing that child locks its edge, then the parent: deleting the
+    parent first would take those locks the other way round)."""
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {DEDUP_TABLE} k WHERE k.job_id = j.id AND k.expire_at > {now_sql}) "
+        f"AND NOT EXISTS (SELECT 1 FROM {JOB_TABLE} c WHERE c.parent_id = j.id AND c.state IN {UNFINISHED_SQL})"
+    )
+
+
 def _delete_finished(cursor: Any, d: Dialect, select_ids: str, params: list[Any]) -> int:
     """Delete the finished jobs ``select_ids`` returns (it locks them, skipping locked rows) with
     their logs, flow edges and dedup keys; children keep running without the parent link. Call
@@ -2686,26 +2712,43 @@ def prune_expired_jobs(*, using: str, limit: int, now: datetime | None = None) -
         return _delete_finished(
             cursor,
             d,
-            f"SELECT id FROM {JOB_TABLE} WHERE purge_at IS NOT NULL AND purge_at <= {now_sql} "
-            f"AND state IN {_FINISHED_SQL} ORDER BY purge_at LIMIT %s {d.skip_locked()}",
-            [*now_params, limit],
+            f"SELECT j.id FROM {JOB_TABLE} j WHERE j.purge_at IS NOT NULL AND j.purge_at <= {now_sql} "
+            f"AND j.state IN {_FINISHED_SQL} AND {_prunable(d, now_sql)} ORDER BY j.purge_at LIMIT %s "
+            f"{d.skip_locked()}",
+            [*now_params, *now_params, limit],
         )
 
 
-def prune_over_count(*, using: str, queue: str, state: str, keep: int, limit: int, task_path: str | None = None) -> int:
+def prune_over_count(
+    *,
+    using: str,
+    queue: str,
+    state: str,
+    keep: int,
+    limit: int,
+    task_path: str | None = None,
+    exclude_tasks: list[str] | tuple[str, ...] = (),
+    now: datetime | None = None,
+) -> int:
     """Delete up to ``limit`` of ``queue``'s jobs finished in ``state`` (of ``task_path`` only,
-    when given) beyond the ``keep`` newest; return how many. Walks django_jobs_finished_q_idx."""
+    when given; never of ``exclude_tasks``, whose own policy governs them) beyond the ``keep``
+    newest; return how many. Walks django_jobs_finished_q_idx."""
     if state not in FINISHED_STATES:
         raise ValueError(f"state must be one of {', '.join(FINISHED_STATES)}; got {state!r}.")
     d = Dialect(using)
-    scope = "queue = %s AND state = %s AND finished_at IS NOT NULL"
+    now_sql, now_params = d.now(now)
+    scope = "j.queue = %s AND j.state = %s AND j.finished_at IS NOT NULL"
     params: list[Any] = [queue, state]
     if task_path is not None:
-        scope += " AND task_path = %s"
+        scope += " AND j.task_path = %s"
         params.append(task_path)
+    if exclude_tasks:
+        sql, in_params = d.in_list("j.task_path", list(exclude_tasks))
+        scope += f" AND NOT ({sql})"
+        params += in_params
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(
-            f"SELECT finished_at, id FROM {JOB_TABLE} WHERE {scope} ORDER BY finished_at DESC, id DESC "
+            f"SELECT j.finished_at, j.id FROM {JOB_TABLE} j WHERE {scope} ORDER BY j.finished_at DESC, j.id DESC "
             f"LIMIT 1 OFFSET %s",
             [*params, keep],
         )
@@ -2715,9 +2758,9 @@ def prune_over_count(*, using: str, queue: str, state: str, keep: int, limit: in
         return _delete_finished(
             cursor,
             d,
-            f"SELECT id FROM {JOB_TABLE} WHERE {scope} AND (finished_at < %s OR (finished_at = %s AND id <= %s)) "
-            f"ORDER BY finished_at LIMIT %s {d.skip_locked()}",
-            [*params, cutoff[0], cutoff[0], cutoff[1], limit],
+            f"SELECT j.id FROM {JOB_TABLE} j WHERE {scope} AND (j.finished_at < %s OR (j.finished_at = %s AND "
+            f"j.id <= %s)) AND {_prunable(d, now_sql)} ORDER BY j.finished_at LIMIT %s {d.skip_locked()}",
+            [*params, cutoff[0], cutoff[0], cutoff[1], *now_params, limit],
         )
 
 
@@ -2726,10 +2769,7 @@ def trim_events(*, using: str, keep: int, limit: int) -> int:
     many."""
     d = Dialect(using)
     total = 0
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT DISTINCT queue FROM {EVENT_TABLE}")
-        queues = sorted(row[0] for row in cursor.fetchall())
-    for queue in queues:
+    for queue in _distinct_queues(using, EVENT_TABLE):
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(
                 f"SELECT txid, id FROM {EVENT_TABLE} WHERE queue = %s ORDER BY txid DESC, id DESC LIMIT 1 OFFSET %s",
@@ -2762,12 +2802,25 @@ def trim_metrics(*, using: str, older_than: datetime, limit: int) -> int:
         return cursor.rowcount
 
 
+def _distinct_queues(using: str, table: str) -> list[str]:
+    """The distinct ``queue`` values of ``table`` by a loose index scan (one probe of an index
+    leading with ``queue`` per queue), not a scan of every row."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE q(queue) AS (SELECT MIN(queue) FROM {table} UNION ALL "
+            f"SELECT (SELECT MIN(t.queue) FROM {table} t WHERE t.queue > q.queue) FROM q WHERE q.queue IS NOT NULL) "
+            f"SELECT queue FROM q WHERE queue IS NOT NULL"
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def known_queues(*, using: str) -> list[str]:
     """Queues with a QueueState row or Metric rows (finished jobs lately): cheap to list, unlike
     the distinct queues of the job table."""
     with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT name FROM {QUEUE_TABLE} UNION SELECT DISTINCT queue FROM {METRIC_TABLE}")
-        return sorted(row[0] for row in cursor.fetchall())
+        cursor.execute(f"SELECT name FROM {QUEUE_TABLE}")
+        names = {row[0] for row in cursor.fetchall()}
+    return sorted(names | set(_distinct_queues(using, METRIC_TABLE)))
 
 
 # -- services -------------------------------------------------------------------------------

@@ -61,13 +61,17 @@ def _parse(after: str | None) -> tuple[int, int]:
 #: transaction whose database cannot be seen (another user's session without pg_read_all_stats,
 #: a prepared transaction) counts as ours: the horizon errs on the side of waiting. With nothing
 #: running, the snapshot's xmax: every older transaction has ended.
+#: The reader's own transaction, when it has written, counts as running too: its events are
+#: not committed, and may yet roll back.
 _HORIZON_SQL = """
-SELECT COALESCE(
-    (SELECT min(x::text::bigint) FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-     WHERE x::text::bigint % 4294967296 NOT IN (
-         SELECT backend_xid::text::bigint FROM pg_stat_activity
-         WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
-    pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
+SELECT LEAST(
+    COALESCE(
+        (SELECT min(x::text::bigint) FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+         WHERE x::text::bigint % 4294967296 NOT IN (
+             SELECT backend_xid::text::bigint FROM pg_stat_activity
+             WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
+        pg_snapshot_xmax(pg_current_snapshot())::text::bigint),
+    pg_current_xact_id_if_assigned()::text::bigint)
 """
 
 
@@ -105,18 +109,28 @@ def events(
 
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}; got {limit!r}.")
+    if isinstance(kinds, str):
+        kinds = [kinds]
     using = task_backends[backend].database
     horizon = _horizon(using)
     rows = Event.objects.using(using)
+    upper = None
     if horizon is not None:
         rows = rows.filter(txid__lt=horizon)
+    else:
+        # SQLite: the newest id now bounds both reads of this call, so an event that commits
+        # between them is left for the next call rather than skipped by the cursor.
+        upper = rows.order_by("-id").values_list("id", flat=True).first() or 0
     if after == "latest":
         last = rows.order_by("-txid", "-id").values_list("txid", "id").first()
         return EventPage([], f"{last[0]}.{last[1]}" if last else "0.0")
     txid, last_id = _parse(after)
     from django.db.models import Q
 
-    unread = rows.filter(Q(txid__gt=txid) | Q(txid=txid, id__gt=last_id))
+    # txid >= t bounds the index range; the OR alone would make the database walk from the start.
+    unread = rows.filter(txid__gte=txid).filter(Q(txid__gt=txid) | Q(txid=txid, id__gt=last_id))
+    if upper is not None:
+        unread = unread.filter(id__lte=upper)
     rows = unread
     if queue is not None:
         rows = rows.filter(queue=queue)

@@ -13,13 +13,17 @@ limits are applied by the pruner per queue and per task.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from .exceptions import JobsError
 
-__all__ = ["DEFAULT_AGE", "InvalidRetention", "Policy", "count_limits", "policy_for", "purge_at"]
+__all__ = [
+    "DEFAULT_AGE", "InvalidRetention", "Policy", "count_limits", "policy_for", "purge_at", "queue_policies",
+    "task_count_limits", "task_policies",
+]  # fmt: skip
 
 #: Seconds a finished job is kept when nothing says otherwise: a day of history.
 DEFAULT_AGE = 86_400.0
@@ -63,14 +67,24 @@ def parse_policy(value: Any, where: str) -> Policy:
     return Policy(age=_age(value, where))
 
 
+#: The longest age accepted (100 years): a longer one is "forever", which is None.
+MAX_AGE = 100 * 365.25 * 86_400
+
+
 def _age(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_AGE
+    ):
         raise InvalidRetention(
-            f"{where}: an age is seconds >= 0 or a timedelta (0 deletes at once, None keeps forever); got {value!r}."
+            f"{where}: an age is seconds from 0 to 100 years or a timedelta (0 deletes at once, None keeps "
+            f"forever); got {value!r}."
         )
     return float(value)
 
@@ -144,6 +158,20 @@ def count_limits() -> list[tuple[str, str | None, str, int]]:
             if count is not None:
                 out.append(("queue", queue, state, count))
     return out
+
+
+def queue_policies(state: str) -> set[str]:
+    """The queues whose ``RETENTION["queues"]`` entry has a policy for ``state``: the global
+    policy of that state does not govern them."""
+    return {q for q, policies in (_setting().get("queues") or {}).items() if state in policies}
+
+
+def task_policies(state: str) -> list[str]:
+    """The paths of the imported tasks with their own ``retention`` policy for ``state``: queue
+    and global count limits do not govern their jobs."""
+    from .backend import declared_tasks
+
+    return sorted(t.module_path for t in declared_tasks() if state in (getattr(t, "retention", None) or {}))
 
 
 def task_count_limits() -> list[tuple[str, str, int]]:

@@ -19,7 +19,7 @@ from typing import Any
 from .exceptions import InvalidTaskOptions
 from .uuid7 import uuid7
 
-TRACE_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+TRACE_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}\Z")  # \Z: "$" would let a final newline in
 
 #: The trace id of the job running in this context (None outside jobs). A ContextVar, so each
 #: executor thread and each async task sees its own, and coroutines inherit their caller's.

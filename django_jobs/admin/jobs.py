@@ -29,7 +29,7 @@ from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import EmptyPage, InvalidPage, Page, PageNotAnInteger, Paginator
-from django.db import DataError
+from django.db import DatabaseError, transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.http import Http404, HttpResponseBadRequest, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -130,16 +130,38 @@ class UncountedPaginator(Paginator):
         return UncountedPage(rows[: self.per_page], number, self, has_next=len(rows) > self.per_page)
 
 
-class JobChangeList(ChangeList):
+#: What a query built from the URL's lookups can raise when it runs: a value the database refuses
+#: (NUL in text, an invalid regex), a lookup the backend lacks, a date out of range, a number
+#: too large to bind. The admin's own "invalid lookup" answer (a redirect with ?e=1), not a 500.
+_BAD_LOOKUP_ERRORS = (DatabaseError, ValueError, OverflowError)
+
+
+class SafeChangeList(ChangeList):
+    """Django's ChangeList, with the errors a malformed lookup raises at query time turned into
+    IncorrectLookupParameters. The query runs in a savepoint, so a refused statement does not
+    leave the request's transaction aborted (ATOMIC_REQUESTS)."""
+
+    def get_results(self, request):
+        try:
+            with transaction.atomic(using=self.queryset.db):
+                super().get_results(request)
+        except IncorrectLookupParameters:
+            raise
+        except _BAD_LOOKUP_ERRORS as exc:
+            raise IncorrectLookupParameters(exc) from None
+
+
+class JobChangeList(SafeChangeList):
     """Django's ChangeList without its two counts (the filtered and the full result count)."""
 
     def get_results(self, request):
         paginator = self.model_admin.get_paginator(request, self.queryset, self.list_per_page)
         try:
-            page = paginator.page(self.page_num)
+            with transaction.atomic(using=self.queryset.db):
+                page = paginator.page(self.page_num)
         except InvalidPage:
             raise IncorrectLookupParameters from None
-        except DataError as exc:  # a raw lookup's value the database refuses (NUL in text, ...)
+        except _BAD_LOOKUP_ERRORS as exc:
             raise IncorrectLookupParameters(exc) from None
         self.page = page
         self.result_list = page.object_list
@@ -423,6 +445,12 @@ class JobAdmin(admin.ModelAdmin):
     def get_changelist(self, request, **kwargs):
         return JobChangeList
 
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        """The uncounted paginator for jobs; Django's own for the rest (the history page)."""
+        if queryset.model is not Job:
+            return Paginator(queryset, per_page, orphans, allow_empty_first_page)
+        return super().get_paginator(request, queryset, per_page, orphans, allow_empty_first_page)
+
     def get_actions(self, request, action_location=None):
         # action_location: Django 6.1's (change-list or change-form actions); 6.0 has none.
         where = {"action_location": action_location} if action_location is not None else {}
@@ -663,6 +691,8 @@ class JobAdmin(admin.ModelAdmin):
         delete)."""
         if action == "delete" and request.method in ("GET", "HEAD"):
             # The Delete button leads here first: a page that says what goes, with the real button.
+            if not self.has_view_permission(request):
+                raise PermissionDenied
             self._require(request, "delete")
             job = self._get_job(request, object_id)
             context = {
@@ -861,6 +891,12 @@ def job_page_context(job: Job) -> dict[str, Any]:
 class WorkerAdmin(admin.ModelAdmin):
     """Live workers, read-only, with the jobs each is running now."""
 
+    def get_changelist(self, request, **kwargs):
+        return SafeChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        return None if "\x00" in str(object_id) else super().get_object(request, object_id, from_field)
+
     list_display = ("id", "hostname", "pid", "queues_display", "concurrency", "running", "started_at", "heartbeat_at")
     readonly_fields = ("id", "backend", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
 
@@ -940,9 +976,12 @@ class ScheduleAdmin(admin.ModelAdmin):
     )  # fmt: skip
     actions = ["enable_schedules", "disable_schedules", "run_schedules_now"]
 
+    def get_changelist(self, request, **kwargs):
+        return SafeChangeList
+
     def changelist_view(self, request, extra_context=None):
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if request.method == "POST" else []
-        if not all(pk.isdigit() for pk in selected):
+        if not all(pk.isdigit() and int(pk) < 2**63 for pk in selected):
             return HttpResponseBadRequest("Malformed schedule id in the selection.")
         return super().changelist_view(request, extra_context)
 

@@ -53,6 +53,18 @@ class QueueStateForm(forms.ModelForm):
             "partition_concurrency", "partition_rate_limit", "partition_rate_window_seconds", "partition_max_size",
         )  # fmt: skip
 
+    def clean_name(self):
+        """A queue's settings under a name no job can use would be a row nobody reaches."""
+        from ..backend import validate_queue_name
+        from ..exceptions import JobsError
+
+        name = self.cleaned_data.get("name")
+        try:
+            validate_queue_name(name)
+        except JobsError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return name
+
     def clean(self):
         data = super().clean()
         for prefix in ("", "partition_"):
@@ -100,6 +112,10 @@ class QueueStateAdmin(admin.ModelAdmin):
 
     Edits here are runtime edits, like ``django_jobs.queue(...).set_...()``; a worker start
     re-applies ``DJANGO_JOBS["QUEUES"]`` only where the settings changed."""
+
+    def get_object(self, request, object_id, from_field=None):
+        # A NUL in the URL is refused by PostgreSQL as a value of the text primary key: not found.
+        return None if "\x00" in str(object_id) else super().get_object(request, object_id, from_field)
 
     form = QueueStateForm
     readonly_fields = ("declared", "updated_at")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.utils import timezone
 
@@ -32,31 +33,49 @@ class Pruner(Service):
         batch = self.settings.PRUNE_BATCH_SIZE
         deadline = time.monotonic() + self.budget
         counts = {"jobs": 0, "over_count": 0, "events": 0, "metrics": 0}
-        while True:
-            n = engine.prune_expired_jobs(using=self.using, limit=batch, now=now)
-            counts["jobs"] += n
-            if n < batch or time.monotonic() > deadline:
-                break
-        limits = retention.count_limits()
-        if limits:
-            queues = engine.known_queues(using=self.using)
-            for scope, name, state, keep in limits:
-                for queue in [name] if scope == "queue" else queues:
-                    counts["over_count"] += engine.prune_over_count(
-                        using=self.using, queue=queue, state=state, keep=keep, limit=batch
-                    )
-        for task_path, state, keep in retention.task_count_limits():
-            for queue in engine.known_queues(using=self.using):
-                counts["over_count"] += engine.prune_over_count(
-                    using=self.using, queue=queue, state=state, keep=keep, limit=batch, task_path=task_path
+
+        def repeat(step: Any) -> int:
+            """Run ``step`` batch after batch while it deletes full batches and time is left."""
+            total = 0
+            while True:
+                n = step()
+                total += n
+                if n < batch or time.monotonic() > deadline:
+                    return total
+
+        counts["jobs"] = repeat(lambda: engine.prune_expired_jobs(using=self.using, limit=batch, now=now))
+        for queue, state, keep, task_path, exclude in self._count_limits():
+            counts["over_count"] += repeat(
+                lambda q=queue, s=state, k=keep, t=task_path, x=exclude: engine.prune_over_count(
+                    using=self.using, queue=q, state=s, keep=k, limit=batch, task_path=t, exclude_tasks=x, now=now
                 )
-        # Batch after batch while some queue is over its maximum: a busy queue writes more events
-        # between two runs than one batch deletes.
-        while True:
-            n = engine.trim_events(using=self.using, keep=self.settings.EVENTS_MAX_PER_QUEUE, limit=batch)
-            counts["events"] += n
-            if n == 0 or time.monotonic() > deadline + self.budget:
-                break
+            )
+        # A busy queue writes more events between two runs than one batch deletes.
+        deadline += self.budget
+        counts["events"] = repeat(
+            lambda: engine.trim_events(using=self.using, keep=self.settings.EVENTS_MAX_PER_QUEUE, limit=batch)
+        )
         oldest = (now or timezone.now()) - timedelta(days=self.settings.METRICS_KEEP_DAYS)
-        counts["metrics"] = engine.trim_metrics(using=self.using, older_than=oldest, limit=batch)
+        counts["metrics"] = repeat(lambda: engine.trim_metrics(using=self.using, older_than=oldest, limit=batch))
         return counts
+
+    def _count_limits(self) -> list[tuple[str, str, int, str | None, list[str]]]:
+        """``(queue, state, keep, task or None, tasks to leave out)`` for every count limit, the
+        most specific policy winning: a task's own policy for a state takes its jobs out of the
+        queue's and the global limit; a queue's takes the queue out of the global one."""
+        limits = retention.count_limits()
+        task_limits = retention.task_count_limits()
+        if not limits and not task_limits:
+            return []
+        queues = engine.known_queues(using=self.using)
+        out = []
+        for scope, name, state, keep in limits:
+            exclude = retention.task_policies(state)
+            if scope == "queue":
+                out.append((name, state, keep, None, exclude))
+            else:
+                own = retention.queue_policies(state)
+                out += [(q, state, keep, None, exclude) for q in queues if q not in own]
+        for task_path, state, keep in task_limits:
+            out += [(q, state, keep, task_path, []) for q in queues]
+        return out

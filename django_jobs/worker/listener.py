@@ -19,7 +19,7 @@ from ..engine import CANCEL_PREFIX
 
 logger = logging.getLogger("django_jobs.worker")
 
-CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 
 
 class Listener(threading.Thread):
