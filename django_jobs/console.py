@@ -101,19 +101,24 @@ def list_jobs(
     state: str | None = None,
     task: str | None = None,
     limit: int = 20,
+    priority: int | None = None,
+    trace: str | None = None,
+    partition: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> list[Any]:
-    """The newest ``limit`` jobs matching the filters (ValueError for an unknown state)."""
+    """The newest ``limit`` jobs matching the filters, as the admin's list filters them
+    (``since``/``until``: enqueued in that range). ValueError for an unknown state."""
     from .models import Job
 
     if state is not None and state not in JobState.values:
         raise ValueError(f"Unknown state {state!r}; one of {', '.join(JobState.values)}.")
     jobs = Job.objects.using(using).filter(backend=backend)
-    if queue:
-        jobs = jobs.filter(queue=queue)
-    if state:
-        jobs = jobs.filter(state=state)
-    if task:
-        jobs = jobs.filter(task_path=task)
+    filters = {
+        "queue": queue, "state": state, "task_path": task, "priority": priority, "trace_id": trace,
+        "partition_key": partition, "enqueued_at__gte": since, "enqueued_at__lt": until,
+    }  # fmt: skip
+    jobs = jobs.filter(**{k: v for k, v in filters.items() if v is not None and v != ""})
     return list(jobs.order_by("-id")[:limit])  # ids are UUIDv7: newest first, by the primary key
 
 

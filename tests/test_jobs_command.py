@@ -86,3 +86,16 @@ def test_pause_and_resume_a_queue_and_reject_a_bad_name():
         jobs("pause", "bad name!")
     with pytest.raises(CommandError, match="not a django-jobs backend"):
         jobs("--backend", "nope", "status")
+
+
+@pytest.mark.django_db
+def test_list_filters_like_the_admin_by_priority_trace_partition_and_enqueue_time():
+    high = tasks.noop.using(priority=5, queue_name="emails").enqueue()
+    traced = tasks.noop.using(trace_id="pipeline-7", partition="customer-1").enqueue()
+    assert jobs("list", "--priority", "5").count(high.id) == 1 and traced.id not in jobs("list", "--priority", "5")
+    assert traced.id in jobs("list", "--trace", "pipeline-7") and high.id not in jobs("list", "--trace", "pipeline-7")
+    assert traced.id in jobs("list", "--partition", "customer-1")
+    assert "No jobs match." in jobs("list", "--since", "2999-01-01T00:00")
+    assert high.id in jobs("list", "--until", "2999-01-01T00:00+00:00")
+    with pytest.raises(CommandError, match="ISO 8601"):
+        jobs("list", "--since", "yesterday")

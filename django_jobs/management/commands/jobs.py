@@ -26,6 +26,11 @@ class Command(BaseCommand):
         listing.add_argument("--queue")
         listing.add_argument("--state")
         listing.add_argument("--task", help="Dotted task path.")
+        listing.add_argument("--priority", type=int)
+        listing.add_argument("--trace", help="A trace id: the jobs of one pipeline.")
+        listing.add_argument("--partition")
+        listing.add_argument("--since", help="Enqueued at or after this ISO 8601 time (e.g. 2026-11-30T06:00).")
+        listing.add_argument("--until", help="Enqueued before this ISO 8601 time.")
         listing.add_argument("--limit", type=int, default=20)
         show = sub.add_parser("show", help="One job: arguments, result, errors with tracebacks, log.")
         show.add_argument("job_id")
@@ -110,13 +115,19 @@ class Command(BaseCommand):
             )
         return "\n".join(lines)
 
-    def do_list(self, queue=None, state=None, task=None, limit=20, **_: Any) -> None:  # noqa: ANN001
+    def do_list(self, queue=None, state=None, task=None, limit=20, **options: Any) -> None:  # noqa: ANN001
         from ...console import list_jobs
+
+        filters = {k: options.get(k) for k in ("priority", "trace", "partition")}
+        for name in ("since", "until"):
+            filters[name] = _moment(options.get(name), name)
 
         if limit < 1:
             raise CommandError(f"--limit must be >= 1; got {limit}.")
         try:
-            jobs = list_jobs(using=self.using, backend=self.backend, queue=queue, state=state, task=task, limit=limit)
+            jobs = list_jobs(
+                using=self.using, backend=self.backend, queue=queue, state=state, task=task, limit=limit, **filters
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         head = ["id", "task", "queue", "state", "attempts", "enqueued"]
@@ -231,3 +242,16 @@ def _duration(seconds: float) -> str:
     if seconds < 86400:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _moment(value: str | None, name: str) -> Any:
+    """An ISO 8601 time from the command line (naive: UTC), or a CommandError saying how."""
+    from datetime import UTC, datetime
+
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise CommandError(f"--{name} must be an ISO 8601 time such as 2026-11-30T06:00; got {value!r}.") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
