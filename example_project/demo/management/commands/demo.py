@@ -40,6 +40,7 @@ class Command(BaseCommand):
             )
         self.stdout.write("")
         self.stdout.write(
-            "See them in the admin: .venv/bin/python example_project/manage.py createsuperuser, then\n"
-            ".venv/bin/python example_project/manage.py runserver and open http://127.0.0.1:8000/admin/django_jobs/job/"
+            "In a terminal: .venv/bin/python example_project/manage.py jobs status\n"
+            "In the admin: .venv/bin/python example_project/manage.py createsuperuser, then\n"
+            ".venv/bin/python example_project/manage.py runserver and open http://127.0.0.1:8000/admin/django_jobs/queuestate/"
         )
