@@ -95,29 +95,6 @@ def note(message: str) -> None:
 # -- database set-up ----------------------------------------------------------------------------
 
 
-def create_database(name: str, *, reuse: bool = False) -> tuple[str, bool]:
-    """(server version, whether the database was kept): drop and create ``name`` unless
-    ``reuse`` and it exists."""
-    import psycopg
-
-    try:
-        with tp.connect_raw("postgres", autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is not None
-            if reuse and exists:
-                return version, True
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fail(
-            f"PostgreSQL is not reachable at {tp.PG['host']}:{tp.PG['port']} as {tp.PG['user']!r}: {first}\n"
-            "Start it (scripts/ensure_postgres.sh) or point PGHOST/PGPORT/PGUSER/PGPASSWORD at a server "
-            "you may create a database on."
-        )
-    return version, False
-
-
 def setup_django(db_name: str) -> None:
     """Django on ``db_name`` (benchmarks/console_settings.py), migrated."""
     import django
@@ -482,13 +459,13 @@ def explain(sql: str) -> str:
 def run_admin(opts: argparse.Namespace) -> None:
     sizes = Seed(finished=opts.finished, waiting=opts.waiting)
     db = os.environ.get("JOBS_BENCH_DB", "jobs_bench_console")
-    pg_version, kept = create_database(db, reuse=opts.reuse)
+    pg_version, kept = tp.create_database(db, reuse=opts.reuse)
     setup_django(db)
     detail = seeded(sizes) if kept else None
     if detail is None:
         if kept:
             note(f"{db} holds no seed of these sizes: re-creating it")
-            create_database(db)
+            tp.create_database(db)
             from django.db import connection
 
             connection.close()
@@ -793,7 +770,7 @@ class PrunerResult:
 
 def run_pruner(opts: argparse.Namespace) -> None:
     db = os.environ.get("JOBS_BENCH_DB", "jobs_bench_pruner")
-    pg_version, _ = create_database(db)
+    pg_version, _ = tp.create_database(db)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -1189,19 +1166,7 @@ one), on the server named by `PGHOST`/`PGPORT`/`PGUSER`/`PGPASSWORD`. `JOBS_BENC
 sentence to the machine note. When the server runs without autovacuum, `--pruner` runs `VACUUM`
 of the job and event tables every 60 s in its place (`--vacuum-every SECONDS`, 0 for none).
 """
-    begin, end = markers(name)
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    elif later := [m for m in NAMES[NAMES.index(name) + 1 :] if markers(m)[0] in text]:
-        head, rest = text.split(markers(later[0])[0], 1)
-        text = f"{head}{block}\n\n{markers(later[0])[0]}{rest}"
-    elif "\n## Run it" in text:
-        head, rest = text.split("\n## Run it", 1)
-        text = f"{head}\n{block}\n\n## Run it{rest}"
-    else:
-        text = f"{text.rstrip()}\n\n{block}\n"
+    text = tp.splice_section(text, name, body, NAMES, markers)
     DOCS.parent.mkdir(exist_ok=True)
     DOCS.write_text(text)
 

@@ -839,22 +839,8 @@ on the server named by `PGHOST`/`PGPORT`/`PGUSER`/`PGPASSWORD`. `JOBS_BENCH_NOTE
 to the machine note.
 """
     for name in NAMES:
-        if name not in sections:
-            continue
-        begin, end = section_markers(name)
-        block = f"{begin}\n{sections[name]}\n{end}"
-        if begin in text and end in text:
-            head, rest = text.split(begin, 1)
-            text = head + block + rest.split(end, 1)[1]
-        elif later := [m for m in NAMES[NAMES.index(name) + 1 :] if section_markers(m)[0] in text]:
-            # Keep the sections in NAMES order.
-            head, rest = text.split(section_markers(later[0])[0], 1)
-            text = f"{head}{block}\n\n{section_markers(later[0])[0]}{rest}"
-        elif "\n## Run it" in text:
-            head, rest = text.split("\n## Run it", 1)
-            text = f"{head}\n{block}\n\n## Run it{rest}"
-        else:
-            text = f"{text.rstrip()}\n\n{block}\n"
+        if name in sections:
+            text = tp.splice_section(text, name, sections[name], list(NAMES), section_markers)
     DOCS.parent.mkdir(exist_ok=True)
     DOCS.write_text(text)
 

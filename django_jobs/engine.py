@@ -2145,14 +2145,29 @@ def is_cancel_requested(*, using: str, job_id: uuid.UUID) -> bool:
 
 
 def set_progress(*, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, value: Any) -> bool:
-    """Store a running job's progress, guarded on its lease; False when it is no longer ours."""
-    with transaction.atomic(using=using):
-        jobs = Job.objects.using(using).filter(id=job_id, state=JobState.ACTIVE, lease_token=lease_token)
-        if jobs.update(progress=value) != 1:
+    """Store a running job's progress, guarded on its lease, with its ``progress`` event; False
+    when the job is no longer ours."""
+    d = Dialect(using)
+    events = events_enabled()
+    update = (
+        f"UPDATE {JOB_TABLE} SET progress = {d.cast('%s', 'jsonb')} WHERE id = %s AND state = 'active' "
+        f"AND lease_token = %s RETURNING id, queue"
+    )
+    params: list[Any] = [json.dumps(value), d.uuid(job_id), d.uuid(lease_token)]
+    if d.pg and events:
+        # The update and its event in one statement, as on the other hot paths.
+        data = "jsonb_build_object('progress', %s::jsonb)"
+        update = (
+            f"WITH r AS ({update}), {_pg_event_cte('r', "'progress'", data)} SELECT 1 FROM r, {_pg_event_notify('r')}"
+        )
+        params += [json.dumps(value), events_channel()]
+    with _sqlite_atomic(d), connections[using].cursor() as cursor:
+        cursor.execute(update, params)
+        row = cursor.fetchone()
+        if row is None:
             return False
-        if events_enabled():
-            queue = jobs.values_list("queue", flat=True).first()
-            _job_events(using, [(queue, job_id, "progress", {"progress": value})])
+        if not d.pg:
+            write_events(cursor, d, [(row[1], job_id, "progress", {"progress": value})])
     return True
 
 
