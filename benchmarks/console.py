@@ -46,7 +46,6 @@ import argparse
 import datetime as dt
 import multiprocessing
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -741,15 +740,7 @@ class Workers:
                 fail(f"a runworker process exited with {proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        tp.stop_processes(self.procs)
         for log in self.logs:
             if not log.closed:
                 log.close()

@@ -170,15 +170,7 @@ class Workers:
         self.close()
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        tp.stop_processes(self.procs)
         self.close()
 
     def close(self) -> None:

@@ -204,6 +204,20 @@ def start_worker(args: list[str], log: Any) -> subprocess.Popen:
     )
 
 
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process still running (a worker's graceful stop), then wait for each; kill
+    one that has not exited after 60 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def log_tail(log: Any) -> str:
     log.seek(0)
     return "".join(log.readlines()[-20:])
