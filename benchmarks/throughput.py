@@ -99,7 +99,7 @@ def create_database(name: str, *, reuse: bool = False) -> tuple[str, bool]:
     try:
         import psycopg
     except ImportError:
-        fail("psycopg 3 is not installed; `pip install 'django-jobs[postgres]'` (make venv does).")
+        fail("psycopg 3 is not installed; `pip install 'django-db-jobs[postgres]'` (make venv does).")
     try:
         with connect_raw("postgres", autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with the newest Python >= 3.12 that actually runs, and install django-jobs
+# Create .venv with the newest Python >= 3.12 that actually runs, and install django-db-jobs
 # (editable) with its dev extras. Idempotent: re-running only installs what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -13,6 +13,9 @@ $PY example_project/manage.py makemigrations --check --dry-run || status=1
 echo "== ruff"
 $PY -m ruff check --quiet . || status=1
 
+echo "== package: build, twine check, install the wheel in a fresh venv, run the demo"
+scripts/check_package.sh || status=1
+
 echo "== browser for the admin's browser tests"
 if JOBS_CHROMIUM=$(scripts/ensure_chromium.sh); then
   export JOBS_CHROMIUM
