@@ -10,11 +10,12 @@ import json
 import logging
 import math
 import re
+import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from datetime import timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
 
 from asgiref.sync import sync_to_async
 from django.core import checks
@@ -30,7 +31,17 @@ from django.utils.module_loading import import_string
 from .backoff import validate_backoff
 from .conf import get_settings
 from .dedup import Dedup, check_key
-from .exceptions import InvalidQueueName, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
+from .exceptions import (
+    ArgumentOutOfRange,
+    ArgumentTooDeep,
+    InvalidArgumentValue,
+    InvalidOptionType,
+    InvalidQueueName,
+    InvalidTaskArguments,
+    InvalidTaskOptions,
+    PayloadTooLarge,
+    RunAfterOutOfRange,
+)
 from .states import JobState, to_task_status
 from .tracing import trace_id_for_new_job, validate_trace_id
 
@@ -46,6 +57,10 @@ JOB_OPTIONS = (
 
 #: True while JobTask.using() copies a task (dataclasses.replace calls the class again).
 _COPYING: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_copying_task", default=False)
+
+#: True while :func:`task_for_job` rebuilds a stored job's task: its run_after was checked
+#: against MAX_RUN_AFTER when it was enqueued, and a setting lowered since must not break reads.
+_RESTORING: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_restoring_task", default=False)
 
 
 #: Every task declared with our task class, by dotted path (the pruner's per-task count limits).
@@ -134,7 +149,16 @@ class JobTask(Task, metaclass=_JobTaskMeta):
             # A delay: from now, the moment .using() is called (normally right before enqueue).
             if run_after < timedelta(0):
                 raise InvalidTaskOptions(f"run_after as a timedelta must not be negative; got {run_after!r}.")
-            run_after = timezone.now() + run_after
+            bound = max_run_after(get_settings(backend or self.backend).MAX_RUN_AFTER)
+            if bound is not None and run_after > bound:
+                raise _run_after_too_far(f"run_after={run_after!r}", bound)
+            try:
+                run_after = timezone.now() + run_after
+            except OverflowError:
+                raise RunAfterOutOfRange(
+                    f"run_after={run_after!r} from now is past the year 9999, the last a datetime can hold; check "
+                    "it for a typo."
+                ) from None
         for name, value in (
             ("priority", priority),
             ("queue_name", queue_name),
@@ -192,6 +216,73 @@ def _item_arguments(index: int, item: Any) -> tuple[Any, dict[str, Any]]:
     raise InvalidTaskArguments(
         f"enqueue_many item {index} is {article} {name}; pass a tuple of positional args, a dict of keyword args, "
         "or django_jobs.call(*args, **kwargs)."
+    )
+
+
+def validate_option_types(task: Task) -> None:
+    """Raise InvalidOptionType for a priority that is not a number or a run_after that is not a
+    datetime (Django's own checks would fail on those with a bare TypeError or AttributeError)."""
+    priority = task.priority
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+        raise InvalidOptionType(
+            f"priority must be an int from -100 to 100 (higher runs first); got {priority!r} "
+            f"({_a(type(priority).__name__)}).{' Convert it with int(...).' if isinstance(priority, str) else ''}"
+        )
+    if isinstance(priority, float) and not (math.isfinite(priority) and priority.is_integer()):
+        raise InvalidTaskOptions(f"priority must be a whole number between -100 and 100; got {priority!r}.")
+    run_after = task.run_after
+    if run_after is not None and not isinstance(run_after, datetime):
+        hint = {
+            "str": " Parse it first: datetime.fromisoformat(value), made aware if it has no offset.",
+            "int": " For a delay, pass timedelta(seconds=...).",
+            "float": " For a delay, pass timedelta(seconds=...).",
+            "date": " Pass a datetime: datetime.combine(day, time(), tzinfo=...).",
+        }.get(type(run_after).__name__, "")
+        raise InvalidOptionType(
+            f"run_after must be an aware datetime or a timedelta (a delay from now); got {run_after!r} "
+            f"({_a(type(run_after).__name__)}).{hint}"
+        )
+
+
+def _a(name: str) -> str:
+    """``name`` with its indefinite article: "a str", "an int"."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def max_run_after(setting: Any) -> timedelta | None:
+    """The ``MAX_RUN_AFTER`` setting as a timedelta (None: no bound)."""
+    if setting is None or isinstance(setting, timedelta):
+        return setting
+    return timedelta(seconds=setting)
+
+
+def check_run_after_bound(run_after: datetime, bound: timedelta | None) -> None:
+    """Raise RunAfterOutOfRange when ``run_after`` is more than ``bound`` ahead of now, or (with
+    no bound) cannot be stored because it is past the year 9999 in UTC."""
+    aware = timezone.is_aware(run_after)
+    if bound is not None:
+        now = datetime.now(UTC) if aware else timezone.now()  # naive only when USE_TZ is False
+        if run_after - now > bound:
+            raise _run_after_too_far(f"run_after {run_after.isoformat()}", bound)
+    elif aware:
+        try:
+            run_after.astimezone(UTC)
+        except OverflowError:
+            raise RunAfterOutOfRange(
+                f"run_after {run_after.isoformat()} is past the year 9999 in UTC, the last a datetime can hold."
+            ) from None
+
+
+def _run_after_too_far(what: str, bound: timedelta) -> RunAfterOutOfRange:
+    if bound >= timedelta(days=365):
+        allowed = f"{bound.days:,} days, about {bound.days / 365.25:.3g} years"
+    elif bound >= timedelta(days=1):
+        allowed = f"{bound.total_seconds() / 86400:g} days"
+    else:
+        allowed = f"{bound.total_seconds():g} seconds"
+    return RunAfterOutOfRange(
+        f"{what} is further ahead than MAX_RUN_AFTER allows ({allowed}); check it for a typo, or raise "
+        "DJANGO_JOBS['MAX_RUN_AFTER'] (None lifts the bound)."
     )
 
 
@@ -300,34 +391,108 @@ def validate_queue_name(name: Any) -> None:
         )
 
 
+#: How deep one task argument (a return value, progress) may nest lists and dicts: ``[[1]]`` is
+#: 2 levels. Deeper values would exhaust Python's recursion limit in ``json`` (and in Django's
+#: ``normalize_json``) somewhere between enqueue and the worker; ArgumentTooDeep says so first.
+MAX_JSON_DEPTH = 100
+
+
 def check_json(value: Any, where: str) -> None:
-    """Raise InvalidTaskArguments naming ``where`` unless ``value`` survives a JSON round trip."""
+    """Raise InvalidTaskArguments naming ``where`` unless ``value`` survives a JSON round trip
+    unchanged: str, int, finite float, bool, None, and lists, tuples and dicts with string keys
+    of those, at most :data:`MAX_JSON_DEPTH` levels deep."""
+    _json_value(value, where, where, 1, normalize=False)
+
+
+def normalize_argument(value: Any, where: str) -> Any:
+    """``value`` as Django's ``normalize_json`` makes it (what Django's ``TaskResult`` does to
+    ``args`` and ``kwargs``): bytes decoded from UTF-8, any other sequence a list, any mapping a
+    dict. Then checked as :func:`check_json` checks, so the worker gets exactly what is returned.
+
+    One difference, on purpose: a mapping key must be a string (or UTF-8 bytes). Django keeps
+    ``{1: "a"}`` as it is, but JSON stores ``{"1": "a"}``, so the task would be called with a
+    different key than the caller gave; that raises InvalidTaskArguments instead.
+    """
+    return _json_value(value, where, where, 1, normalize=True)
+
+
+def _json_value(value: Any, where: str, top: str, depth: int, *, normalize: bool) -> Any:
+    """:func:`check_json` and :func:`normalize_argument`, in Django's order of cases. ``top``:
+    the argument ``where`` is inside (the depth error names it, not a path 100 levels long)."""
+    if isinstance(value, dict) or (normalize and isinstance(value, Mapping)):
+        return _json_object(value, where, top, depth, normalize=normalize)
+    if normalize and isinstance(value, bytes):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            raise InvalidArgumentValue(
+                f"{where} is bytes that are not UTF-8, which Django's tasks decode to text; pass text, or "
+                "base64-encode binary data (base64.b64encode(data).decode())."
+            ) from None
     if isinstance(value, str):
         if "\x00" in value:
-            raise InvalidTaskArguments(
+            raise InvalidArgumentValue(
                 f"{where} contains a NUL character (\\x00), which PostgreSQL cannot store in JSON; remove it "
                 "or pass the data base64-encoded."
             )
-        return
-    if value is None or isinstance(value, (bool, int)):
-        return
+        return value
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        _check_int(value, where)
+        return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidTaskArguments(f"{where} is {value!r}; JSON has no NaN or infinity.")
+            raise InvalidArgumentValue(f"{where} is {value!r}; JSON has no NaN or infinity.")
+        return value
+    if isinstance(value, (list, tuple)) or (normalize and isinstance(value, Sequence) and not isinstance(value, bytes)):
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep(top)
+        return [_json_value(item, f"{where}[{i}]", top, depth + 1, normalize=normalize) for i, item in enumerate(value)]
+    _not_json(value, where)
+
+
+def _json_object(value: Mapping[Any, Any], where: str, top: str, depth: int, *, normalize: bool) -> dict[str, Any]:
+    if depth > MAX_JSON_DEPTH:
+        raise _too_deep(top)
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        if normalize and isinstance(key, bytes):
+            key = _json_value(key, f"a key of {where}", top, depth, normalize=True)
+        if not isinstance(key, str):
+            raise InvalidTaskArguments(
+                f"{where} has a {type(key).__name__} key {key!r}; JSON object keys must be strings."
+            )
+        _json_value(key, f"a key of {where}", top, depth, normalize=normalize)
+        result[key] = _json_value(item, f"{where}[{key!r}]", top, depth + 1, normalize=normalize)
+    return result
+
+
+def _too_deep(top: str) -> ArgumentTooDeep:
+    return ArgumentTooDeep(
+        f"{top} nests lists and dicts deeper than {MAX_JSON_DEPTH} levels (MAX_JSON_DEPTH); flatten it, or "
+        "store the structure elsewhere (a model, a file) and pass its key."
+    )
+
+
+def _check_int(value: int, where: str) -> None:
+    """Raise ArgumentOutOfRange for an integer with more digits than Python converts to and from
+    text (``sys.get_int_max_str_digits()``, 4,300 by default): json could not write it, and a
+    worker could not read it back."""
+    limit = sys.get_int_max_str_digits()
+    if not limit or value.bit_length() < 3 * limit:  # 3 bits a digit at most: a cheap test first
         return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_json(item, f"{where}[{i}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidTaskArguments(
-                    f"{where} has a {type(key).__name__} key {key!r}; JSON object keys must be strings."
-                )
-            check_json(key, f"a key of {where}")
-            check_json(item, f"{where}[{key!r}]")
-        return
+    magnitude = abs(int(value))
+    digits = math.floor(magnitude.bit_length() * math.log10(2))  # exact, or one short
+    digits += magnitude >= 10**digits
+    if digits > limit:
+        raise ArgumentOutOfRange(
+            f"{where} is an integer of {digits} digits, more than the {limit} Python's JSON reads back; pass it "
+            "as a string (str(value)) and convert it in the task."
+        )
+
+
+def _not_json(value: Any, where: str) -> NoReturn:
     hint = {
         "datetime": "pass .isoformat() and parse it in the task",
         "date": "pass .isoformat() and parse it in the task",
@@ -403,9 +568,16 @@ class JobsBackend(BaseTaskBackend):
     # -- validation --------------------------------------------------------------------------
 
     def validate_task(self, task: Task) -> None:
+        """Django's checks and ours; also run when ``.using()`` makes a copy, so a bad option is
+        refused there. A priority or run_after of the wrong type raises InvalidOptionType (a
+        TypeError) before Django's checks would fail on it with a bare TypeError or
+        AttributeError; a run_after further ahead than ``MAX_RUN_AFTER`` RunAfterOutOfRange."""
         validate_queue_name(task.queue_name)
+        validate_option_types(task)
         super().validate_task(task)
         validate_job_options(task)
+        if task.run_after is not None and not _RESTORING.get():
+            check_run_after_bound(task.run_after, max_run_after(self.settings.MAX_RUN_AFTER))
 
     def _check_payload(self, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         args_json, kwargs_json = self._payload_json(args, kwargs)
@@ -421,16 +593,21 @@ class JobsBackend(BaseTaskBackend):
             raise InvalidTaskArguments("kwargs must be a dict.")
         if not isinstance(args, (list, tuple)):
             args = list(args)
-        for i, value in enumerate(args):
-            check_json(value, f"args[{i}]")
+        # Normalised as Django's TaskResult normalises them (bytes decoded, sequences as lists).
+        args = [normalize_argument(value, f"args[{i}]") for i, value in enumerate(args)]
+        named = {}
         for key, value in kwargs.items():
+            if isinstance(key, bytes):
+                key = normalize_argument(key, "a keyword argument name")
+            if not isinstance(key, str):
+                raise InvalidTaskArguments(f"kwargs has a {type(key).__name__} key {key!r}; names must be strings.")
             check_json(key, "a keyword argument name")
-            check_json(value, f"kwargs[{key!r}]")
-        args_json, kwargs_json = json.dumps(args, ensure_ascii=False), json.dumps(kwargs, ensure_ascii=False)
+            named[key] = normalize_argument(value, f"kwargs[{key!r}]")
+        args_json, kwargs_json = json.dumps(args, ensure_ascii=False), json.dumps(named, ensure_ascii=False)
         try:
             size = _utf8_len(args_json) + _utf8_len(kwargs_json)
         except UnicodeEncodeError:
-            raise InvalidTaskArguments(
+            raise InvalidArgumentValue(
                 "The job's arguments contain a lone surrogate (such as '\\ud800'), which is not valid UTF-8 and "
                 "PostgreSQL cannot store; pass valid text or the data base64-encoded."
             ) from None
@@ -454,6 +631,8 @@ class JobsBackend(BaseTaskBackend):
         timeout = getattr(task, "timeout", None)
         if timeout is not None:
             options["timeout"] = float(timeout)
+        if task.run_after is not None:  # what get_result gives back as task.run_after
+            options["run_after"] = task.run_after.isoformat()
         if getattr(task, "lifo", False):
             options["lifo"] = True
         retention = getattr(task, "retention", None)
@@ -574,16 +753,19 @@ class JobsBackend(BaseTaskBackend):
         dedup = getattr(task, "dedup", None)
         if dedup is not None:
             return self._enqueue_many_deduplicated(task, dedup, items, max_attempts, options, trace_id)
+        # The state and seq from this process's clock, taken once so every chunk agrees;
+        # enqueued_at from the database's (insert_jobs) on PostgreSQL.
         now = timezone.now()
         delayed = task.run_after is not None and task.run_after > now
         status = to_task_status(JobState.DELAYED if delayed else JobState.WAITING)
+        enqueued_at: list[Any] = []  # the first chunk's (the same for every chunk: one transaction)
         results: list[JobResult] = []
         # JSON of the current chunk only; dropped once it is written.
         rows: list[tuple[str, str]] = []
         payloads: list[tuple[Any, Any]] = []
 
         def write_chunk() -> None:
-            ids = engine.insert_jobs(
+            inserted = engine.insert_jobs(
                 using=using,
                 rows=rows,
                 backend=self.alias,
@@ -595,17 +777,20 @@ class JobsBackend(BaseTaskBackend):
                 run_after=task.run_after,
                 lifo=lifo,
                 now=now,
+                database_clock=True,
                 position=len(results),
                 trace_id=trace_id,
                 partition=getattr(task, "partition", None),
             )
-            for job_id, (args, kwargs) in zip(ids, payloads, strict=True):
+            if not enqueued_at:
+                enqueued_at.append(inserted.enqueued_at)
+            for job_id, (args, kwargs) in zip(inserted.ids, payloads, strict=True):
                 results.append(
                     JobResult(
                         task=task,
                         id=str(job_id),
                         status=status,
-                        enqueued_at=now,
+                        enqueued_at=enqueued_at[0],
                         started_at=None,
                         last_attempted_at=None,
                         finished_at=None,
@@ -701,7 +886,7 @@ class JobsBackend(BaseTaskBackend):
 
     def _result_from_job(self, job: Any, task: Task | None = None, *, duplicate: bool = False) -> TaskResult:
         if task is None:
-            task = task_for_job(job.task_path, job.backend, job.queue, job.priority)
+            task = task_for_job(job.task_path, job.backend, job.queue, job.priority, stored_run_after(job.options))
         result = JobResult(
             task=task,
             id=str(job.id),
@@ -737,13 +922,33 @@ def _same_task(task: Task, job: Any) -> Task | None:
     return task if job.task_path == task.module_path else None
 
 
-def task_for_job(path: str, backend: str, queue: str, priority: int) -> Task:
-    """The Task a job row describes: its function, with the backend, queue and priority it was
-    enqueued with (which may differ from the decorator's)."""
+def task_for_job(path: str, backend: str, queue: str, priority: int, run_after: datetime | None = None) -> Task:
+    """The Task a job row describes: its function, with the backend, queue, priority and
+    run_after it was enqueued with (which may differ from the decorator's). ``run_after``: from
+    :func:`stored_run_after`; a value that no longer validates (USE_TZ changed since) is left out."""
     task = resolve_task(path)
     if task.backend != backend or task.queue_name != queue or task.priority != priority:
         task = task.using(backend=backend, queue_name=queue, priority=priority)
+    if run_after is not None:
+        token = _RESTORING.set(True)  # checked against MAX_RUN_AFTER when it was enqueued
+        try:
+            task = task.using(run_after=run_after)
+        except InvalidTask:
+            logger.warning("The stored run_after %s of a %s job no longer validates; left out.", run_after, path)
+        finally:
+            _RESTORING.reset(token)
     return task
+
+
+def stored_run_after(options: dict[str, Any] | None) -> datetime | None:
+    """The ``run_after`` a job was enqueued with, kept in its options (None: not deferred)."""
+    value = (options or {}).get("run_after")
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 def resolve_task(path: str) -> Task:

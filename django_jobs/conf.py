@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields, replace
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -41,6 +42,9 @@ class JobsSettings:
     LOG_MAX_LINE_CHARS: int = 10_000
     #: Largest JSON payload (args + kwargs, UTF-8 bytes) accepted by enqueue.
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
+    #: Furthest ahead a job's run_after may be (seconds or a timedelta; None: no bound but
+    #: the year 9999). Catches typos that would park a job for centuries.
+    MAX_RUN_AFTER: float | timedelta | None = timedelta(days=3653)
     #: Idle poll interval of workers (seconds, jittered); NOTIFY wakes them sooner on PostgreSQL.
     POLL_INTERVAL: float = 1.0
     #: How often the promoter moves due delayed jobs to waiting (seconds).
@@ -106,6 +110,11 @@ class JobsSettings:
                 problems.append(f"{name} must be a positive integer.")
         if not isinstance(self.MAX_PAYLOAD_BYTES, int) or self.MAX_PAYLOAD_BYTES < 1:
             problems.append("MAX_PAYLOAD_BYTES must be a positive integer.")
+        if self.MAX_RUN_AFTER is not None and not (
+            (_positive(self.MAX_RUN_AFTER) and self.MAX_RUN_AFTER <= timedelta.max.total_seconds())
+            or (isinstance(self.MAX_RUN_AFTER, timedelta) and self.MAX_RUN_AFTER > timedelta(0))
+        ):
+            problems.append("MAX_RUN_AFTER must be a positive number of seconds, a positive timedelta, or None.")
         for name in ("POLL_INTERVAL", "PROMOTE_INTERVAL", "RESCUE_INTERVAL", "BACKOFF_BASE", "BACKOFF_CAP"):
             if not _positive(getattr(self, name)):
                 problems.append(f"{name} must be a positive number of seconds.")

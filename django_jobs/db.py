@@ -120,9 +120,6 @@ class Dialect:
             return f"{column} = ANY(%s)", [list(values)]
         return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 
-    def new_token(self) -> str:
-        return "gen_random_uuid()" if self.pg else "lower(hex(randomblob(16)))"
-
     def json_append(self, column: str, value_sql: str) -> str:
         """``column`` (a JSON array) with one JSON value appended."""
         if self.pg:

@@ -25,15 +25,16 @@ import random
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import OperationalError, connections, models, transaction
+from django.db import InterfaceError, OperationalError, connections, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from .db import Dialect
+from .db import Dialect, is_transient
 from .exceptions import InvalidTaskOptions, JobsError, QueueFull
 from .models import Event, Job, JobDependency, JobLog, JobStart, Metric, QueueState, Worker
 from .models.dedup import JobDedup, JobDedupNext
@@ -135,6 +136,21 @@ class Outcome:
     retention: dict[str, Any] | None = None
     #: How long the attempt ran (ms; the executor measures it). None: from its claim to now.
     runtime_ms: int | None = None
+    #: Set by :func:`record_outcomes` on a written outcome: when the job finished (None: it did not).
+    finished_at: datetime | None = field(default=None, compare=False)
+    #: The claimed job and the exception the attempt raised, kept in this process (never pickled
+    #: to or from a child process) so ``task_finished`` can be sent once the outcome is stored.
+    job: ClaimedJob | None = field(default=None, repr=False, compare=False)
+    exc: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {name: getattr(self, name) for name in self.__slots__}
+        state["job"] = state["exc"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
 
 # -- enqueue --------------------------------------------------------------------------------
@@ -184,7 +200,11 @@ def insert_job(
     new one (:func:`django_jobs.tracing.trace_id_for_new_job`). ``partition``: the job runs
     after the earlier jobs of its (queue, partition) finished. Raises QueueFull when the queue
     (or partition) has a size limit the job would pass; nothing is inserted then.
+
+    ``enqueued_at`` is ``now`` when given, else the database clock on PostgreSQL (the clock of
+    ``started_at`` and ``finished_at``), read back by the INSERT itself; this process's on SQLite.
     """
+    d = Dialect(using)
     job = _new_job(
         backend=backend,
         task_path=task_path,
@@ -199,8 +219,8 @@ def insert_job(
         trace_id=trace_id,
         partition=partition,
         now=now,
+        database_clock=d.pg,
     )
-    d = Dialect(using)
     conn = connections[using]
     wake = job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(conn, job.queue)
     with _sqlite_atomic(d), conn.cursor() as cursor:
@@ -208,6 +228,8 @@ def insert_job(
         # limit" guard (a primary-key probe), so an unlimited queue pays no extra round trip.
         cursor.execute(*_insert_statement(d, job, wake=wake, guarded=True))
         if cursor.rowcount == 1:
+            if d.pg:
+                _set_enqueued_at(d, job, cursor.fetchone()[0])
             _enqueued_event_sqlite(cursor, d, job)
             _mark_saved(job, using)
             if job.partition_key is not None:
@@ -238,9 +260,20 @@ def _new_job(
     idempotency_key: str | None = None,
     enqueued_at: datetime | None = None,
     partition: str | None = None,
+    database_clock: bool = False,
 ) -> Job:
     """The unsaved row of a new job: waiting, or delayed until ``run_after`` when that is after
-    ``now``; ``enqueued_at`` defaults to ``now``."""
+    ``now``; ``enqueued_at`` defaults to ``now``.
+
+    ``database_clock`` (PostgreSQL): when neither ``enqueued_at`` nor ``now`` is given, leave
+    ``enqueued_at`` None for the INSERT to stamp with the database's ``now()`` and read back
+    (:func:`_insert_sql`). That is the clock claims and outcomes stamp ``started_at`` and
+    ``finished_at`` with, and, being the transaction's start, it keeps a job enqueued and run in
+    one transaction (a test) from starting before it was enqueued. The state and ``seq`` still
+    come from this process's clock: a FIFO or LIFO order needs distinct times within one
+    transaction, which ``now()`` is not.
+    """
+    given = enqueued_at or now
     now = now or timezone.now()
     delayed = run_after is not None and run_after > now
     available_at = run_after if delayed else now
@@ -255,7 +288,7 @@ def _new_job(
         options=options,
         state=JobState.DELAYED if delayed else JobState.WAITING,
         available_at=available_at,
-        enqueued_at=enqueued_at or now,
+        enqueued_at=given if given is not None or database_clock else now,
         seq=ready_seq(available_at, lifo),
         trace_id=trace_id_for_new_job(trace_id),
         dedup_key=dedup_key,
@@ -295,6 +328,11 @@ def _mark_saved(job: Job, using: str) -> None:
     job._state.db = using
 
 
+def _set_enqueued_at(d: Dialect, job: Job, value: Any) -> None:
+    """``job.enqueued_at`` as its INSERT stored it (PostgreSQL: possibly the database clock)."""
+    job.enqueued_at = d.to_dt(value)
+
+
 _INSERT_COLUMNS = (
     "id, backend, queue, task_path, args, kwargs, state, priority, available_at, options, max_attempts, "
     "enqueued_at, attempts, stalled_count, pending_children, errors, worker_ids, seq"
@@ -316,14 +354,22 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = Fals
     queue's name, after the row's): the caller then admits the job under the queue's lock.
     ``events`` (PostgreSQL): the row's ``enqueued`` event and the events NOTIFY ride on it (one
     more parameter, the events channel, last); SQLite callers write it with a second statement.
+
+    ``enqueued_at`` NULL (PostgreSQL) means the database clock, ``now()``: the clock of the
+    claims' ``started_at`` and the outcomes' ``finished_at``, and like theirs the transaction's
+    start, so a job enqueued and run in one transaction has ``enqueued_at <= started_at``. The
+    stored value comes back in the statement's result, no extra round trip: on PostgreSQL its
+    first column (second with ``once``, after the id), on SQLite only with ``once`` (its
+    callers give the time themselves).
     """
 
     def cast(t: str) -> str:
         return f"%s::{t}" if pg else "%s"
 
+    enqueued = "COALESCE(%s::timestamptz, now())" if pg else "%s"
     values = ", ".join(
         [cast("uuid"), "%s", "%s", "%s", cast("jsonb"), cast("jsonb"), "%s", "%s", cast("timestamptz"),
-         cast("jsonb"), "%s", cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s", "%s", "%s"]
+         cast("jsonb"), "%s", enqueued, "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s", "%s", "%s"]
     )  # fmt: skip
     columns = f"{_INSERT_COLUMNS}, trace_id, dedup_key, idempotency_key, partition_key, blocked"
     if guarded:
@@ -339,22 +385,26 @@ def _insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = Fals
         # The row, its "enqueued" event and the NOTIFYs in one statement: one round trip.
         data = "jsonb_build_object('task', new_job.task_path, 'state', new_job.state)"
         selected = ["new_job.id"] if once else []
+        selected.append("new_job.enqueued_at")
         if notify:
             selected.append("pg_notify(%s, new_job.queue)")
         return (
-            f"WITH new_job AS ({sql} RETURNING id, queue, task_path, state), "
+            f"WITH new_job AS ({sql} RETURNING id, queue, task_path, state, enqueued_at), "
             f"{_pg_event_cte('new_job', "'enqueued'", data)} "
-            f"SELECT {', '.join(selected or ['1'])} FROM new_job, {_pg_event_notify('new_job')}"
+            f"SELECT {', '.join(selected)} FROM new_job, {_pg_event_notify('new_job')}"
         )
     if once:
         if notify:  # NOTIFY only when a row was inserted
-            return f"WITH new_job AS ({sql} RETURNING id, queue) SELECT id, pg_notify(%s, queue) FROM new_job"
-        return f"{sql} RETURNING id"
+            return (
+                f"WITH new_job AS ({sql} RETURNING id, queue, enqueued_at) "
+                "SELECT id, enqueued_at, pg_notify(%s, queue) FROM new_job"
+            )
+        return f"{sql} RETURNING id, enqueued_at"
     if notify:
         # The INSERT and its NOTIFY in one statement: enqueue is a hot path and a separate
         # SELECT pg_notify would cost a round trip. Delivered on commit, like any NOTIFY.
-        sql = f"WITH new_job AS ({sql} RETURNING queue) SELECT pg_notify(%s, queue) FROM new_job"
-    return sql
+        return f"WITH new_job AS ({sql} RETURNING queue, enqueued_at) SELECT enqueued_at, pg_notify(%s, queue) FROM new_job"
+    return f"{sql} RETURNING enqueued_at" if pg else sql
 
 
 #: Rows per INSERT statement of :func:`insert_jobs`. 500 rows x 4 parameters + 10 = 2,010 bound
@@ -375,15 +425,19 @@ def _insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
     placeholder of a statement this long on each execution, and with all 13 per row that scan
     cost more than the database's work: 4 per row tripled the rate on PostgreSQL (15,000 ->
     44,000 rows/s, 500-row statements) and gained a third on SQLite.
+
+    ``enqueued_at`` as in :func:`_insert_sql`: NULL is the database clock on PostgreSQL, where
+    the statement returns one row, the ``enqueued_at`` stored (the same for every row).
     """
 
     def cast(t: str) -> str:
         return f"%s::{t}" if pg else "%s"
 
     row = f"({cast('uuid')}, {cast('jsonb')}, {cast('jsonb')}, %s)"
+    enqueued = "COALESCE(%s::timestamptz, now())" if pg else "%s"
     shared = ", ".join(
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
-         cast("timestamptz"), "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s", "%s"]
+         enqueued, "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s", "%s"]
     )  # fmt: skip
     # PostgreSQL with events: each row's "enqueued" event rides on the statement (two more
     # parameters after the rows: the queue and the event's data, the same for every row).
@@ -393,15 +447,28 @@ def _insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
         if events and pg
         else ""
     )
-    return (
-        f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}){event} "
-        f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, partition_key, blocked) SELECT {shared} FROM v"
-    )
+    insert = f"INSERT INTO {JOB_TABLE} ({_INSERT_COLUMNS}, trace_id, partition_key, blocked) SELECT {shared} FROM v"
+    if pg:
+        # One row back, not one per job: every row has the same enqueued_at.
+        return (
+            f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}){event}, "
+            f"ins AS ({insert} RETURNING enqueued_at) SELECT enqueued_at FROM ins LIMIT 1"
+        )
+    return f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}){event} {insert}"
 
 
 # Full chunks are the common case, so only that size is kept; a cache keyed by every size a
 # caller's last chunk happens to have would grow without bound.
 _insert_chunk_sql = functools.cache(_insert_many_sql)
+
+
+class InsertedJobs(NamedTuple):
+    """What :func:`insert_jobs` inserted."""
+
+    #: The new jobs' ids, in the order of the rows given.
+    ids: list[uuid.UUID]
+    #: The ``enqueued_at`` every one of them got (None when no row was given).
+    enqueued_at: datetime | None
 
 
 def _rows_per_statement(conn: Any) -> int:
@@ -423,17 +490,23 @@ def insert_jobs(
     options: dict[str, Any],
     run_after: datetime | None = None,
     lifo: bool = False,
-    now: datetime,
+    now: datetime | None = None,
     position: int = 0,
     trace_id: str | None = None,
     partition: str | None = None,
-) -> list[uuid.UUID]:
+    database_clock: bool = False,
+) -> InsertedJobs:
     """Insert jobs of one task in the caller's transaction, one multi-row INSERT per
-    :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows``.
+    :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows`` and the
+    ``enqueued_at`` they all got.
 
     ``rows``: ``(args JSON, kwargs JSON)`` per job, already validated by the caller. Every job
     gets the state :func:`insert_job` would give it (delayed until ``run_after`` when that is
-    after ``now``, else waiting), ``enqueued_at = now`` and the same ``options``.
+    after ``now``, else waiting), the same ``enqueued_at`` and the same ``options``.
+    ``now``: None is this process's clock for the state and ``seq``, and for ``enqueued_at``
+    the database clock on PostgreSQL (as :func:`insert_job`), read back by the INSERT.
+    ``database_clock``: ``enqueued_at`` from the database clock on PostgreSQL even though
+    ``now`` is given (``enqueue_many`` gives one ``now`` so its chunks agree on the state).
     ``position``: where ``rows[0]`` stands in the caller's whole batch. FIFO jobs of one batch
     share a seq and keep their order by id; LIFO jobs get ``seq - position`` so the last one
     given runs first, as if each were enqueued a microsecond after the one before it.
@@ -445,9 +518,12 @@ def insert_jobs(
     Sends no NOTIFY: the caller wakes workers once per batch with :func:`notify`.
     """
     if not rows:
-        return []
+        return InsertedJobs([], None)
     d = Dialect(using)
     conn = connections[using]
+    # None: the database clock, stamped by the INSERT.
+    enqueued_at = None if d.pg and (now is None or database_clock) else now or timezone.now()
+    now = now or enqueued_at or timezone.now()
     delayed = run_after is not None and run_after > now
     available_at = run_after if delayed else now
     state = JobState.DELAYED if delayed else JobState.WAITING
@@ -463,11 +539,12 @@ def insert_jobs(
         d.dt(available_at),
         json.dumps(options),
         max_attempts,
-        d.dt(now),
+        d.dt(enqueued_at),
         trace_id_for_new_job(trace_id),
         partition,
         partition is not None,  # blocked: _unblock_heads frees the partition's next one below
     ]
+    enqueued_slot = 8  # enqueued_at's place in shared
     ids = [uuid7() for _ in rows]
     per_statement = _rows_per_statement(conn)
     events = events_enabled()
@@ -489,6 +566,9 @@ def insert_jobs(
             else:
                 sql = _insert_many_sql(d.pg, n, pg_events)
             cursor.execute(sql, params)
+            if d.pg:  # the statement returns the enqueued_at it stored; later chunks reuse it
+                enqueued_at = d.to_dt(cursor.fetchone()[0])
+                shared[enqueued_slot] = enqueued_at
             if events and not d.pg:
                 values = ", ".join(["(%s)"] * n)
                 cursor.execute(
@@ -501,7 +581,7 @@ def insert_jobs(
             cursor.execute("SELECT pg_notify(%s, '')", [events_channel()])
         if partition is not None:
             _unblock_heads(cursor, d, {(queue, partition)})
-    return ids
+    return InsertedJobs(ids, enqueued_at)
 
 
 def _first_notify_in_transaction(conn: Any, queue: str) -> bool:
@@ -767,6 +847,7 @@ def enqueue_deduplicated(
             trace_id=trace_id,
             dedup_key=key,
             partition=partition,
+            database_clock=d.pg,
         )
         with transaction.atomic(using=using), conn.cursor() as cursor:
             outcome = _enqueue_dedup_try(
@@ -1001,6 +1082,8 @@ def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = F
     wake = wake and job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(d.connection, job.queue)
     _admit(cursor, d, job.queue, {job.partition_key: 1})
     cursor.execute(*_insert_statement(d, job, wake=wake))
+    if d.pg:
+        _set_enqueued_at(d, job, cursor.fetchone()[0])
     _enqueued_event_sqlite(cursor, d, job)
     _mark_saved(job, using)
     if job.partition_key is not None:
@@ -1179,14 +1262,16 @@ def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
         "trace_id": job.trace_id,
         "partition": job.partition_key,
         "ttl": ttl,
-        "enqueued_at": job.enqueued_at.isoformat(),
+        # None: the database clock; the job then gets stashed_at (see _promote_stash).
+        "enqueued_at": job.enqueued_at.isoformat() if job.enqueued_at is not None else None,
     }
+    stashed_sql, stashed_params = d.now(job.enqueued_at)
     cursor.execute(
         f'INSERT INTO {DEDUP_NEXT_TABLE} (backend, queue, "key", payload, stashed_at) '
-        f"VALUES (%s, %s, %s, {d.cast('%s', 'jsonb')}, {d.cast('%s', 'timestamptz')}) "
+        f"VALUES (%s, %s, %s, {d.cast('%s', 'jsonb')}, {stashed_sql}) "
         f'ON CONFLICT (backend, queue, "key") DO UPDATE SET payload = excluded.payload, '
         f"stashed_at = excluded.stashed_at",
-        [job.backend, job.queue, job.dedup_key, json.dumps(payload), d.dt(job.enqueued_at)],
+        [job.backend, job.queue, job.dedup_key, json.dumps(payload), *stashed_params],
     )
 
 
@@ -1233,14 +1318,17 @@ def insert_job_once(
             trace_id=trace_id,
             idempotency_key=idempotency_key,
             partition=partition,
+            database_clock=d.pg,
         )
         # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
         # queue, and only for a job that was inserted.
         wake = job.state == JobState.WAITING and d.pg and not conn.in_atomic_block
         with _sqlite_atomic(d), conn.cursor() as cursor:
             cursor.execute(*_insert_statement(d, job, wake=wake, once=True, guarded=True))
-            inserted = cursor.fetchone() is not None
+            row = cursor.fetchone()  # (id, enqueued_at) when the row was inserted
+            inserted = row is not None
             if inserted:
+                _set_enqueued_at(d, job, row[1])
                 _enqueued_event_sqlite(cursor, d, job)
         where = "backend = %s AND queue = %s AND idempotency_key = %s"
         if not inserted and _queue_size_limited(using, queue):
@@ -1253,8 +1341,10 @@ def insert_job_once(
                 with transaction.atomic(using=using), conn.cursor() as cursor:
                     _admit(cursor, d, queue, {job.partition_key: 1})
                     cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
-                    inserted = cursor.fetchone() is not None
+                    row = cursor.fetchone()
+                    inserted = row is not None
                     if inserted:
+                        _set_enqueued_at(d, job, row[1])
                         _enqueued_event_sqlite(cursor, d, job)
             except QueueFull:
                 # The key's first job may have committed while we waited for the lock: a
@@ -1329,13 +1419,15 @@ def _promote_stash(
     if held is not None and _job_state(cursor, d, held[1]) not in (*FINISHED_STATES, None):
         return None  # its holder runs again (retried): the stash waits for it
     cursor.execute(
-        f"SELECT id, payload FROM {DEDUP_NEXT_TABLE} WHERE {_KEY_WHERE}{' FOR UPDATE' if d.pg else ''}",
+        f"SELECT id, payload, stashed_at FROM {DEDUP_NEXT_TABLE} WHERE {_KEY_WHERE}{' FOR UPDATE' if d.pg else ''}",
         [backend, queue, key],
     )
     stash = cursor.fetchone()
     if stash is None:
         return None  # promoted by another sweeper, or dropped by a takeover
     p = d.to_json(stash[1])
+    # The stashed enqueue's time: in its payload, or (stamped by the database clock) stashed_at.
+    enqueued_at = datetime.fromisoformat(p["enqueued_at"]) if p.get("enqueued_at") else d.to_dt(stash[2])
     job = _new_job(
         backend=backend,
         task_path=p["task_path"],
@@ -1350,7 +1442,7 @@ def _promote_stash(
         now=now,
         trace_id=p.get("trace_id"),
         dedup_key=key,
-        enqueued_at=datetime.fromisoformat(p["enqueued_at"]) if p.get("enqueued_at") else None,
+        enqueued_at=enqueued_at,
         partition=p.get("partition"),
     )
     expire_sql, expire_params = _dedup_expiry(d, p.get("ttl"), now)
@@ -1460,12 +1552,16 @@ def _claim_statement(
     where: list[str],
     where_params: list[Any],
     limit: int,
+    lease_token: uuid.UUID,
     include_blocked: bool = False,
 ) -> tuple[str, list[Any]]:
     """The claim: select the ready ids matching ``where`` (about candidate ``j``) in claim
     order, locking only those rows and skipping rows another worker holds (``FOR UPDATE SKIP
     LOCKED``; on SQLite the statement holds the database write lock instead), and mark them
-    active with a fresh lease token and an expiry of database time + ``lease_seconds``."""
+    active with ``lease_token`` and an expiry of database time + ``lease_seconds``.
+
+    The caller picks the token before it sends the claim: should the answer be lost after the
+    commit, the caller still knows which rows the claim took (``release_jobs(lease_tokens=)``)."""
     now_sql, now_params = d.now(now)
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
     # "Not blocked" spelled as in the ready indexes' condition, so both vendors use them.
@@ -1477,12 +1573,12 @@ def _claim_statement(
     returning = ", ".join(_CLAIM_COLUMNS)
     sql = (
         f"UPDATE {JOB_TABLE} SET state = 'active', attempts = attempts + 1, "
-        f"lease_token = {d.new_token()}, lease_expires_at = {lease_sql}, worker_id = %s, "
+        f"lease_token = %s, lease_expires_at = {lease_sql}, worker_id = %s, "
         f"worker_ids = {d.json_append_text('worker_ids', '%s')}, "
         f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
         f"WHERE {d.id_in(select_ids)} AND state = 'waiting' RETURNING {returning}"
     )
-    params = [*lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
+    params = [d.uuid(lease_token), *lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
     if d.pg and events_enabled():
         # The "active" events ride on the claim (SQLite: _run_claim writes them).
         data = "jsonb_build_object('attempt', r.attempts, 'worker', r.worker_id)"
@@ -1539,10 +1635,13 @@ def claim_jobs(
     backend: str | None = None,
     job_ids: list[uuid.UUID] | None = None,
     skip_gated: bool = True,
+    lease_token: uuid.UUID | None = None,
     now: datetime | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` waiting jobs of ``queues`` (``None`` = all) for ``worker_id``;
-    with ``backend``, only jobs enqueued through that TASKS alias.
+    with ``backend``, only jobs enqueued through that TASKS alias. Every job claimed gets
+    ``lease_token`` (a new one when None); a worker passes its own so it can tell which rows a
+    claim took even when the claim's answer is lost.
 
     One statement (:func:`_claim_statement`), committed before any user code runs. It skips
     paused queues and queues with a concurrency or rate limit (:func:`claim_gated_jobs` claims
@@ -1572,7 +1671,7 @@ def claim_jobs(
         where.append(_partition_free(1))
     sql, params = _claim_statement(
         d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
-        limit=limit, include_blocked=job_ids is not None,
+        limit=limit, lease_token=lease_token or uuid.uuid4(), include_blocked=job_ids is not None,
     )  # fmt: skip
     return _run_claim(d, using, sql, params)
 
@@ -1603,10 +1702,12 @@ def claim_gated_jobs(
     worker_id: str,
     lease_seconds: float,
     backend: str | None = None,
+    lease_token: uuid.UUID | None = None,
     now: datetime | None = None,
 ) -> tuple[list[ClaimedJob], float | None]:
     """Claim up to ``limit`` jobs of ``queue``, which has a concurrency or rate limit; return
     them and, when a rate limit held some back, the seconds until its window lets one more start.
+    ``lease_token``: as for :func:`claim_jobs`.
 
     One transaction holding the queue's row lock, so the claims of one queue run one after
     another across every worker and each counts what the one before it committed:
@@ -1674,7 +1775,7 @@ def claim_gated_jobs(
             where_params.append(part_rate)
         sql, params = _claim_statement(
             d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
-            limit=n,
+            limit=n, lease_token=lease_token or uuid.uuid4(),
         )  # fmt: skip
         jobs = _run_claim(d, using, sql, params)
         starts = [(queue, "") for _ in jobs] if rate is not None else []
@@ -1731,10 +1832,16 @@ _OUTCOME_STATES = {JobState.COMPLETED, JobState.FAILED, JobState.WAITING, JobSta
 
 def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None = None) -> dict[uuid.UUID, str]:
     """Write a batch of attempt outcomes in one statement; return ``{job id: state written}`` for
-    the jobs that were written (the state is ``cancelled`` where a cancel was requested).
+    the jobs that were written (the state is ``cancelled`` where a cancel was requested), and set
+    each written outcome's ``finished_at`` (None unless the job finished).
 
     Each row is guarded on (id, ``active``, lease token): an outcome whose job was rescued,
     cancelled or released meanwhile matches nothing, is logged and dropped.
+
+    Idempotent in what it reports: the written row keeps its lease token (rescue and release
+    clear theirs), so when a batch is sent again because the answer to the first try was lost,
+    the rows that try committed are found by (id, token) and reported as written, not dropped,
+    and what follows their commit (freeing their partitions' next jobs) is done again.
     """
     if not outcomes:
         return {}
@@ -1798,10 +1905,11 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         f"THEN {now_sql} ELSE NULL END, "
         f"purge_at = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN v.purge_c "
         f"WHEN v.state IN ('completed', 'failed') THEN v.purge ELSE NULL END, "
-        f"lease_token = NULL, lease_expires_at = NULL "
+        # The lease token stays: it tells a retried batch which rows its lost first try wrote.
+        f"lease_expires_at = NULL "
         f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
         f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id, {t}.partition_key, {t}.attempts, "
-        f"{t}.last_attempted_at"
+        f"{t}.last_attempted_at, {t}.finished_at"
     )
     sql = f"{values_cte} {update}"
     params = [*values, *now_params]
@@ -1830,8 +1938,8 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             f"ON CONFLICT (queue, minute) DO UPDATE SET completed = {METRIC_TABLE}.completed + EXCLUDED.completed, "
             f"failed = {METRIC_TABLE}.failed + EXCLUDED.failed, retried = {METRIC_TABLE}.retried + EXCLUDED.retried, "
             f"runtime_ms = {METRIC_TABLE}.runtime_ms + EXCLUDED.runtime_ms) "
-            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key FROM r"
-            + (f", {_pg_event_notify('r')}" if events else "")
+            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key, r.attempts, r.last_attempted_at, "
+            f"r.finished_at FROM r" + (f", {_pg_event_notify('r')}" if events else "")
         )
         if events:
             params += now_params  # the run time in the event's data
@@ -1869,7 +1977,13 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         )
         with transaction.atomic(using=using):
             settle_dependencies(using=using, finished=ended, now=now)
+    stored_now = {d.to_uuid(r[0]) for r in rows}
+    missing = [o for o in outcomes if o.job_id not in stored_now]
+    if missing:
+        rows = rows + _written_before(d, using, missing)
     written = {d.to_uuid(r[0]): r[2] for r in rows}
+    for r in rows:
+        by_id[d.to_uuid(r[0])].finished_at = d.to_dt(r[7])
     for o in outcomes:
         if o.job_id not in written:
             logger.warning(
@@ -1884,22 +1998,77 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         # Their partitions' next jobs may run now: one transaction for the batch (one commit, not
         # one per partition). After the outcomes' own commit: a crash in between leaves them
         # blocked for the PartitionSweeper.
-        from .db import is_transient
-
         try:
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
                 if _unblock_heads(cursor, d, turns):
                     requeued |= {q for q, _ in turns}
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError) as exc:
             # The outcomes are committed; only this hint failed (a lock conflict, a lost
             # connection). Raising would make the completer write them again: leave the
             # partitions to the PartitionSweeper instead.
             if not is_transient(exc):
                 raise
             logger.info("Freeing the next jobs of %d partition(s) failed (%s); the sweeper will.", len(turns), exc)
+            _drop_broken_connection(using)
     if requeued:
-        notify(using, sorted(requeued))
+        try:
+            notify(using, sorted(requeued))
+        except (OperationalError, InterfaceError) as exc:
+            # Only a wake-up hint after the commit: workers also poll. Raising would make the
+            # completer send the batch again.
+            if not is_transient(exc):
+                raise
+            logger.info("Waking the workers of %s failed (%s); they will poll.", sorted(requeued), exc)
+            _drop_broken_connection(using)
     return written
+
+
+def _written_before(d: Dialect, using: str, outcomes: list[Outcome]) -> list[tuple[Any, ...]]:
+    """Rows, shaped as the outcome statement returns them, of ``outcomes`` that an earlier try
+    of the same batch already wrote: no longer active, still holding the outcome's lease token,
+    in a state that outcome leads to, with its return value and (last) error."""
+    ids_sql, ids_params = d.in_list("id", [d.uuid(o.job_id) for o in outcomes])
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, queue, state, parent_id, partition_key, attempts, last_attempted_at, finished_at, "
+            f"lease_token, return_value, errors FROM {JOB_TABLE} WHERE {ids_sql} AND state <> 'active'",
+            ids_params,
+        )
+        found = cursor.fetchall()
+    by_id = {o.job_id: o for o in outcomes}
+
+    def wrote(row: tuple[Any, ...]) -> bool:
+        o = by_id[d.to_uuid(row[0])]
+        value, errors = d.to_json(row[9]), d.to_json(row[10]) or []
+        return (
+            d.to_uuid(row[8]) == o.lease_token
+            and row[2] in _SAME_OUTCOME[o.state]
+            and value == (json.loads(o.return_value_json) if o.return_value_json is not None else None)
+            and (o.error is None or (bool(errors) and errors[-1] == o.error))
+        )
+
+    return [r[:8] for r in found if wrote(r)]
+
+
+#: The states a row written by an outcome can be found in later: the outcome's own, ``waiting``
+#: once a delayed retry is due, ``cancelled`` when a cancel was requested (or came later).
+_SAME_OUTCOME = {
+    JobState.COMPLETED: {JobState.COMPLETED, JobState.CANCELLED},
+    JobState.FAILED: {JobState.FAILED, JobState.CANCELLED},
+    JobState.WAITING: {JobState.WAITING, JobState.CANCELLED},
+    JobState.DELAYED: {JobState.DELAYED, JobState.WAITING, JobState.CANCELLED},
+}
+
+
+def _drop_broken_connection(using: str) -> None:
+    """After a transient error outside a transaction, close the connection so the next statement
+    opens a new one instead of failing on the broken one."""
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - a dead connection may fail to close; it is dropped anyway
+            logger.debug("closing a broken connection failed", exc_info=True)
 
 
 def _outcome_events_and_metrics(
@@ -1909,7 +2078,7 @@ def _outcome_events_and_metrics(
     outcome statement itself). ``rows``: id, queue, state, parent, partition, attempts, last start."""
     events = []
     metrics: dict[str, list[int]] = {}
-    for jid, queue, state, _parent, _partition, attempts, started in rows:
+    for jid, queue, state, _parent, _partition, attempts, started, _finished in rows:
         o = by_id[d.to_uuid(jid)]
         if o.runtime_ms is not None:
             runtime = o.runtime_ms
@@ -1942,9 +2111,18 @@ def _outcome_events_and_metrics(
 
 
 def release_jobs(
-    *, using: str, worker_id: str, job_ids: list[uuid.UUID] | None = None, now: datetime | None = None
+    *,
+    using: str,
+    worker_id: str,
+    job_ids: list[uuid.UUID] | None = None,
+    lease_tokens: Collection[uuid.UUID] | None = None,
+    now: datetime | None = None,
 ) -> int:
     """Return this worker's active jobs to ``waiting`` without counting the attempt (shutdown).
+
+    ``job_ids``/``lease_tokens``: only those jobs, or the jobs of those claims (a claim whose
+    answer was lost). Running it again changes nothing more, so a release whose own answer is
+    lost can simply be repeated.
 
     The attempt and its worker id are taken back, so the next worker runs it as the same attempt.
     A job cancelled while it ran is not run again: it becomes ``cancelled``.
@@ -1953,10 +2131,12 @@ def release_jobs(
     now_sql, now_params = d.now(now)
     where = ["state = 'active'", "worker_id = %s"]
     params: list[Any] = [worker_id]
-    if job_ids is not None:
-        if not job_ids:
+    for column, values in (("id", job_ids), ("lease_token", lease_tokens)):
+        if values is None:
+            continue
+        if not values:
             return 0
-        sql, p = d.in_list("id", [d.uuid(j) for j in job_ids])
+        sql, p = d.in_list(column, [d.uuid(v) for v in values])
         where.append(sql)
         params += p
     sql = (
@@ -2013,11 +2193,12 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
     Both writes are guarded on the state, so a worker finishing at the same moment wins or loses
     cleanly: exactly one outcome is recorded.
     """
-    from .db import is_transient
-
     # A cancel that cascades through a flow locks the parent, then its children; a worker
     # finishing a child locks them the other way round. PostgreSQL breaks such a deadlock by
     # failing one side: retry ours, unless it runs in the caller's transaction (then it is theirs).
+    # A lost connection is retried too: the try may have committed before its answer was lost,
+    # which the next try recognises by the time it wrote (``now``, the same for every try).
+    now = now or timezone.now()
     tries = 1 if connections[using].in_atomic_block else 4
     for attempt in range(tries):
         try:
@@ -2025,12 +2206,12 @@ def cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None = None) ->
         except OperationalError as exc:
             if attempt == tries - 1 or not is_transient(exc):
                 raise
+            _drop_broken_connection(using)
             time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
     raise AssertionError("unreachable")
 
 
-def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None) -> CancelResult | None:
-    now = now or timezone.now()
+def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime) -> CancelResult | None:
     jobs = Job.objects.using(using).filter(id=job_id)
     change = None
     descendants: list[tuple[uuid.UUID, str]] = []
@@ -2047,7 +2228,12 @@ def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime | None) -> Cance
                 change = "flagged"
                 _notify_cancel(using, [job_id])  # its worker hears now; it also polls
                 break
-            state = jobs.values_list("state", flat=True).first()
+            row = jobs.values_list("state", "cancel_requested_at", "queue", "finished_at").first()
+            if row is not None and row[1] == now:
+                # An earlier try of this cancel committed all of it, and only its answer was lost.
+                # It cancelled the job (finished then) or flagged it (its worker finished it later).
+                return CancelResult(row[0], "cancelled" if row[3] == now else "flagged", row[2])
+            state = row[0] if row is not None else None
             if state is None or state in FINISHED_STATES or state == JobState.ACTIVE:
                 break  # unknown, finished, or already flagged: nothing to do
         if change == "cancelled":
@@ -2218,14 +2404,24 @@ def append_job_log(
     return False
 
 
-def renew_leases(*, using: str, worker_id: str, lease_seconds: float, now: datetime | None = None) -> int:
-    """Extend the lease of every job this worker holds; return how many."""
+def renew_leases(
+    *, using: str, lease_tokens: Collection[uuid.UUID], lease_seconds: float, now: datetime | None = None
+) -> int:
+    """Extend the leases of the active jobs claimed with ``lease_tokens``; return how many.
+
+    By token, not by worker: a worker renews only the leases it knows it holds. A row that a
+    claim took while its answer was lost is not renewed, so it is released or rescued instead of
+    staying active under a live worker that never runs it.
+    """
+    if not lease_tokens:
+        return 0
     d = Dialect(using)
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
+    tokens_sql, tokens_params = d.in_list("lease_token", [d.uuid(t) for t in lease_tokens])
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"UPDATE {JOB_TABLE} SET lease_expires_at = {lease_sql} WHERE state = 'active' AND worker_id = %s",
-            [*lease_params, worker_id],
+            f"UPDATE {JOB_TABLE} SET lease_expires_at = {lease_sql} WHERE state = 'active' AND {tokens_sql}",
+            [*lease_params, *tokens_params],
         )
         return cursor.rowcount
 
@@ -2279,11 +2475,21 @@ def insert_flow(
     which must still be waiting for its children: the guarded increment of its
     ``pending_children`` locks its row, so a last child finishing at the same moment either
     released it first (and this raises FlowParentNotWaiting) or waits for this transaction.
+
+    ``now``: None is this process's clock for the states and ``seq`` (the claim order, as for
+    :func:`insert_job`), and for ``enqueued_at`` the database clock on PostgreSQL (the
+    transaction's start, the clock of ``started_at`` and ``finished_at``), read once.
     """
     from .models import JobDependency
 
+    d = Dialect(using)
+    enqueued_at = now
     now = now or timezone.now()
     with transaction.atomic(using=using):
+        if enqueued_at is None and d.pg:
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT now()")
+                enqueued_at = d.to_dt(cursor.fetchone()[0])
         if attach_to is not None:
             parent = Job.objects.using(using).filter(id=attach_to, state=JobState.WAITING_CHILDREN)
             if backend is not None:
@@ -2309,6 +2515,7 @@ def insert_flow(
                 now=now,
                 trace_id=fj.trace_id,
                 partition=fj.partition,
+                enqueued_at=enqueued_at,
             )
             job.id, job.parent_id, job.pending_children = fj.id, fj.parent_id, fj.children
             if fj.children:  # a parent waits for its children, even with a run_after ahead

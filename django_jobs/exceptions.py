@@ -11,11 +11,26 @@ class JobsError(Exception):
         super().__init__(message or (self.__doc__ or "").strip())
 
 
-class InvalidTaskArguments(JobsError, InvalidTask):
+class InvalidTaskArguments(JobsError, InvalidTask, TypeError):
     """Task arguments must be JSON: str, int, finite float, bool, None, list and dict with string keys."""
 
 
-class PayloadTooLarge(InvalidTaskArguments):
+class InvalidArgumentValue(InvalidTaskArguments, ValueError):
+    """A task argument has a value JSON or the database cannot store (NaN, infinity, a NUL character, a
+    lone surrogate, bytes that are not UTF-8); pass finite numbers and valid text."""
+
+
+class ArgumentTooDeep(InvalidArgumentValue):
+    """The task's arguments nest lists and dicts deeper than django_jobs.backend.MAX_JSON_DEPTH levels;
+    flatten them, or store the structure elsewhere and pass its key."""
+
+
+class ArgumentOutOfRange(InvalidArgumentValue):
+    """A task argument is an integer with more digits than Python's JSON reader accepts (4,300 by
+    default); pass it as a string and convert it in the task."""
+
+
+class PayloadTooLarge(InvalidArgumentValue):
     """The job's arguments are larger than MAX_PAYLOAD_BYTES; store big data elsewhere and pass a key."""
 
 
@@ -27,6 +42,16 @@ class InvalidTaskOptions(JobsError, InvalidTask):
     """A django-jobs task option has an invalid value."""
 
 
+class InvalidOptionType(InvalidTaskOptions, TypeError):
+    """A task option has the wrong type: priority is an int from -100 to 100, run_after an aware
+    datetime or a timedelta."""
+
+
+class RunAfterOutOfRange(InvalidTaskOptions, ValueError):
+    """run_after is further ahead than the MAX_RUN_AFTER setting allows (default 10 years); check it
+    for a typo, or raise the setting."""
+
+
 class JobsConfigurationError(JobsError, ImproperlyConfigured):
     """django-jobs is misconfigured; run `manage.py check` for details."""
 
@@ -35,7 +60,7 @@ class TaskNotFound(JobsError):
     """The job's task path does not resolve to a Task instance; was the task renamed or removed?"""
 
 
-class NonJSONReturnValue(JobsError):
+class NonJSONReturnValue(JobsError, TypeError):
     """The task returned a value that is not JSON; return str, int, float, bool, None, list or dict."""
 
 

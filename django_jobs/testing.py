@@ -288,6 +288,8 @@ def _run(job: engine.ClaimedJob, using: str, counts: DrainResult) -> None:
         outcome = outcome_for(job, state=JobState.FAILED)
     written = engine.record_outcomes([outcome], using=using)
     state = written.get(job.id)
+    if state is not None:
+        _executor().send_finished(outcome, state)  # after the write, as a worker sends it
     if state == JobState.COMPLETED:
         counts.completed += 1
     elif state == JobState.FAILED:

@@ -59,6 +59,9 @@ if VENDOR == "postgres":
             "TEST": {"NAME": os.environ.get("JOBS_TEST_PG_NAME", "test_django_jobs")},
         }
     }
+    if os.environ.get("JOBS_TEST_SSLMODE"):
+        # A subprocess connecting through tests/faultproxy.py, which must read the protocol in clear.
+        DATABASES["default"]["OPTIONS"] = {"sslmode": os.environ["JOBS_TEST_SSLMODE"]}
 elif VENDOR == "sqlite":
     # A file, not :memory:, so worker threads and subprocess workers share it.
     _dir = Path(os.environ.get("JOBS_TEST_SQLITE_DIR", tempfile.gettempdir()))
@@ -86,7 +89,8 @@ DJANGO_JOBS = {
     # Short intervals keep the fault tests quick; tests that need other values override them.
     "LEASE_SECONDS": float(os.environ.get("JOBS_TEST_LEASE", "30")),
     "POLL_INTERVAL": 0.2,
-    "PROMOTE_INTERVAL": 0.2,
+    # Also the PartitionSweeper's interval: a test that a partition moves on without it sets it long.
+    "PROMOTE_INTERVAL": float(os.environ.get("JOBS_TEST_PROMOTE_INTERVAL", "0.2")),
     "RESCUE_INTERVAL": 0.5,
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -45,6 +45,11 @@ def echo(*args, **kwargs):
 
 
 @task
+def returns_tuple(a, b):
+    return (a, b)
+
+
+@task
 def mark(path: str, key) -> str:
     """Records that it ran (with the worker's pid) and returns ``key``."""
     record(path, key=key, pid=os.getpid())
@@ -277,3 +282,22 @@ def keeps_two_latest(value=None):
     """Declared in the app's tasks.py, which a worker and ``jobs prune`` import: the pruner
     knows its count limit in any process."""
     return value
+
+
+# -- lost answers (tests/test_lost_answers.py) -------------------------------------------------
+
+if os.environ.get("JOBS_TEST_FINISHED_PROBE"):
+    # A subprocess worker records every task_finished it sends (connected when the worker imports
+    # this module, before it runs the first task of it or of a module importing it).
+    from django.tasks.signals import task_finished
+
+    def _record_task_finished(sender, task_result, **kwargs) -> None:
+        record(
+            os.environ["JOBS_TEST_FINISHED_PROBE"],
+            event="task_finished",
+            id=str(task_result.id),
+            status=str(task_result.status),
+            pid=os.getpid(),
+        )
+
+    task_finished.connect(_record_task_finished, dispatch_uid="tests.tasks.record_task_finished")

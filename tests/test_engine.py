@@ -214,7 +214,7 @@ def test_each_claim_issues_a_new_lease_token():
 
 
 @db
-def test_completed_outcome_stores_return_value_and_clears_the_lease():
+def test_completed_outcome_stores_return_value_ends_the_lease_and_keeps_its_token():
     make_job()
     [claimed] = claim()
     assert record(claimed, JobState.COMPLETED, return_value_json='[1, "two"]', now=at(3)) == {claimed.id: "completed"}
@@ -222,7 +222,8 @@ def test_completed_outcome_stores_return_value_and_clears_the_lease():
     assert stored.state == JobState.COMPLETED
     assert stored.return_value == [1, "two"]
     assert stored.finished_at == at(3)
-    assert stored.lease_token is None and stored.lease_expires_at is None
+    assert stored.lease_expires_at is None
+    assert stored.lease_token == claimed.lease_token, "kept: a retried batch recognises what it wrote"
     assert stored.errors == []
 
 
@@ -245,7 +246,7 @@ def test_delayed_retry_waits_until_its_available_at_and_keeps_every_error():
     record(first, JobState.DELAYED, error=ERROR, available_at=at(60), now=at(1))
     stored = row(first.id)
     assert (stored.state, stored.available_at, stored.finished_at) == (JobState.DELAYED, at(60), None)
-    assert stored.lease_token is None
+    assert stored.lease_expires_at is None
     assert claim(now=at(100)) == [], "claim does not promote"
     assert engine.promote_due_jobs(using="default", limit=10, now=at(59)) == 0
     assert engine.promote_due_jobs(using="default", limit=10, now=at(60)) == 1
@@ -269,7 +270,8 @@ def test_outcome_with_a_stale_lease_token_is_dropped():
 def test_outcome_for_a_job_no_longer_active_is_dropped():
     make_job()
     [claimed] = claim()
-    Job.objects.filter(id=claimed.id).update(state=JobState.CANCELLED)  # token left in place on purpose
+    # Ended by another path (every path but the outcome clears the token).
+    Job.objects.filter(id=claimed.id).update(state=JobState.CANCELLED, lease_token=None)
     before = snapshot(claimed.id)
     assert record(claimed, JobState.COMPLETED, return_value_json="1", now=at(1)) == {}
     assert snapshot(claimed.id) == before
@@ -451,19 +453,70 @@ def test_release_of_given_job_ids_leaves_the_others_active():
 
 
 @db
-def test_renew_extends_only_that_workers_active_leases():
-    for queue in ("mine", "theirs", "finished"):
+def test_renew_extends_only_the_active_leases_of_the_tokens_given():
+    for queue in ("mine", "theirs", "finished", "lost"):
         make_job(queue=queue)
     [mine] = claim(worker_id="w1", queues=["mine"], now=at(0))
     [theirs] = claim(worker_id="w2", queues=["theirs"], now=at(0))
     [finished] = claim(worker_id="w1", queues=["finished"], now=at(0))
+    # A claim of w1 whose answer never arrived: w1 does not know it holds this lease.
+    [lost] = claim(worker_id="w1", queues=["lost"], now=at(0))
     record(finished, JobState.COMPLETED, return_value_json="null", now=at(1))
-    assert engine.renew_leases(using="default", worker_id="w1", lease_seconds=LEASE, now=at(20)) == 1
+    tokens = [mine.lease_token, finished.lease_token]
+    assert engine.renew_leases(using="default", lease_tokens=tokens, lease_seconds=LEASE, now=at(20)) == 1
     assert row(mine.id).lease_expires_at == at(20 + LEASE)
     assert row(theirs.id).lease_expires_at == at(LEASE)
     assert row(finished.id).lease_expires_at is None
-    assert rescue(now=at(LEASE + 1)) == (1, 0), "only the unrenewed lease expired"
+    assert row(lost.id).lease_expires_at == at(LEASE), "a lease the worker does not know of is not renewed"
+    assert engine.renew_leases(using="default", lease_tokens=[], lease_seconds=LEASE, now=at(20)) == 0
+    assert rescue(now=at(LEASE + 1)) == (2, 0), "only the unrenewed leases expired"
     assert row(mine.id).state == JobState.ACTIVE
+    assert row(lost.id).state == JobState.WAITING
+
+
+@db
+def test_claim_uses_the_callers_token_so_a_lost_answer_can_be_released():
+    for i in range(3):
+        make_job(now=at(i))
+    token = uuid.uuid4()
+    claimed = engine.claim_jobs(
+        using="default", queues=None, limit=2, worker_id="w1", lease_seconds=LEASE, lease_token=token, now=at(5)
+    )
+    assert {j.lease_token for j in claimed} == {token}
+    # The answer is "lost": the worker only knows the token it sent.
+    [kept] = claim(worker_id="w1", now=at(6))
+    assert engine.release_jobs(using="default", worker_id="w1", lease_tokens=[token]) == 2
+    assert [row(j.id).state for j in claimed] == [JobState.WAITING, JobState.WAITING]
+    assert [(row(j.id).attempts, row(j.id).worker_ids, row(j.id).lease_token) for j in claimed] == [(0, [], None)] * 2
+    assert row(kept.id).state == JobState.ACTIVE, "the worker's other claim is untouched"
+    assert engine.release_jobs(using="default", worker_id="w1", lease_tokens=[token]) == 0, "repeating is harmless"
+    assert engine.release_jobs(using="default", worker_id="w1", lease_tokens=[]) == 0
+
+
+@db
+def test_an_outcome_written_by_a_try_whose_answer_was_lost_is_reported_written_when_sent_again():
+    for i in range(3):
+        make_job(now=at(i))
+    done, retry, rescued = claim(worker_id="w1", now=at(5))
+    batch = [
+        engine.Outcome(job_id=done.id, lease_token=done.lease_token, state=JobState.COMPLETED,
+                       return_value_json='"a string"'),
+        engine.Outcome(job_id=retry.id, lease_token=retry.lease_token, state=JobState.DELAYED, error=ERROR,
+                       available_at=at(60)),
+        engine.Outcome(job_id=rescued.id, lease_token=rescued.lease_token, state=JobState.COMPLETED),
+    ]  # fmt: skip
+    first = engine.record_outcomes(batch[:2], using="default", now=at(6))
+    assert first == {done.id: JobState.COMPLETED, retry.id: JobState.DELAYED}
+    before = {j.id: snapshot(j.id) for j in (done, retry)}
+    # The third job's lease expires and it is rescued; then the whole batch is sent again.
+    Job.objects.filter(id=rescued.id).update(lease_expires_at=at(1))
+    assert rescue(now=at(7)) == (1, 0)
+    again = engine.record_outcomes(batch, using="default", now=at(8))
+    assert again == first, "the first try's rows count as written; the rescued one is dropped"
+    assert {j.id: snapshot(j.id) for j in (done, retry)} == before, "nothing written twice"
+    assert batch[0].finished_at == row(done.id).finished_at == at(6)
+    assert batch[1].finished_at is None
+    assert row(rescued.id).state == JobState.WAITING
 
 
 # -- the engine stays inside the state machine -----------------------------------------------

@@ -66,7 +66,9 @@ class Job(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
 
     # Lease: an active job belongs to ``worker_id`` until ``lease_expires_at``. Every outcome
-    # write is guarded on ``lease_token`` so a rescued job's late result is dropped.
+    # write is guarded on ``lease_token`` so a rescued job's late result is dropped. The token is
+    # one per claim statement, chosen by the worker; an outcome keeps it on the row (rescue and
+    # release clear it), so a batch sent again after a lost answer knows what it wrote.
     lease_token = models.UUIDField(null=True, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     worker_id = models.CharField(max_length=200, null=True, blank=True)

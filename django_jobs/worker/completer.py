@@ -101,7 +101,9 @@ class Completer(threading.Thread):
             )
             try:
                 written |= engine.record_outcomes([failed], using=self.using)
-                outcome.state = JobState.FAILED
+                # What was stored, for the signals sent about this outcome.
+                outcome.state, outcome.error, outcome.finished_at = failed.state, failed.error, failed.finished_at
+                outcome.return_value_json = None
             except DatabaseError as exc:
                 if is_transient(exc):
                     raise
@@ -152,7 +154,10 @@ class Completer(threading.Thread):
             with self._cond:
                 self._writing = 0
                 self._cond.notify_all()
-            self._on_written(batch, written)
+            try:
+                self._on_written(batch, written)
+            except Exception:  # noqa: BLE001 - a bug there must not stop the writing of outcomes
+                logger.exception("Handling %d written outcome(s) failed.", len(batch))
         try:
             connections[self.using].close()
         except Exception:  # noqa: BLE001

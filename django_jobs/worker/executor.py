@@ -1,8 +1,9 @@
 """One job's pipeline: resolve the task -> build the context -> call it -> classify the outcome.
 
 The executor never writes to the database; it returns an :class:`~django_jobs.engine.Outcome`
-that the completer writes in a batch. ``task_started`` and ``task_finished`` are sent from here
-(``task_finished`` for a failure inside the ``except`` block, so log receivers see the traceback).
+that the completer writes in a batch. ``task_started`` is sent from here before the task runs;
+``task_finished`` once the outcome is stored (:meth:`Executor.send_finished`, called by whoever
+wrote it), so a receiver that reads the result back sees the final status.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ..backend import JobsBackend, check_json, task_for_job
+from ..backend import JobsBackend, check_json, stored_run_after, task_for_job
 from ..backoff import compute_backoff
 from ..conf import get_settings
 from ..context import JobContext
@@ -157,6 +158,10 @@ class Executor:
         self._chains: dict[tuple[str, Any], Callable[[JobContext], Any]] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
+        run_after = stored_run_after(job.options)
+        if run_after is not None:
+            # Not cached: nearly every deferred job has its own time.
+            return task_for_job(job.task_path, job.backend, job.queue, job.priority, run_after)
         key = (job.task_path, job.backend, job.queue, job.priority)
         task = self._tasks.get(key)
         if task is None:
@@ -246,17 +251,9 @@ class Executor:
         except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
             if not attempt.settle():
                 return _late(job, f"failed with {exc!r}")
-            outcome = self._failure(job, exc)
-            self._send_finished(attempt, task, outcome, backend_cls)  # inside except: receivers see exc_info
-            return outcome
+            return self._failure(job, exc)
         if not attempt.settle():
             return _late(job, "completed")
-        # A job cancelled while it ran is stored as cancelled, which Django calls FAILED.
-        status = TaskResultStatus.FAILED if attempt.cancelled.is_set() else TaskResultStatus.SUCCESSFUL
-        done = self._result(job, task, status, job.errors)
-        object.__setattr__(done, "finished_at", timezone.now())
-        object.__setattr__(done, "_return_value", value)
-        _send(task_finished, backend_cls, done)
         return outcome_for(job, state=JobState.COMPLETED, return_value_json=value_json)
 
     def give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
@@ -267,23 +264,41 @@ class Executor:
     def _give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         if not attempt.settle():
             return None
-        job = attempt.job
-        outcome = self._failure(job, exc)
+        return self._failure(attempt.job, exc)
+
+    def send_finished(self, outcome: Outcome, state: str) -> None:
+        """Send ``task_finished`` for ``outcome``, which was just stored as ``state``: call it after
+        the commit, so a receiver reading the result back (``get_result()``, ``refresh()``) sees
+        what the signal says. The result carries the stored values: the normalised return value
+        (a returned tuple arrives as a list) and the database's ``finished_at``. For an attempt
+        that raised, it is sent while that exception is being handled, as Django's backends do,
+        so receivers (Django's own log receiver among them) see it in ``sys.exc_info()``.
+        """
+        job = outcome.job
+        if job is None:
+            return  # an outcome built outside the executor (tests): no task result to report
         try:
             task = self._task_for(job)
-        except TaskNotFound:
-            return outcome
-        self._send_finished(attempt, task, outcome, backend_class(job.backend))
-        return outcome
-
-    def _send_finished(self, attempt: Attempt, task: Task, outcome: Outcome, backend_cls: type) -> None:
-        job = attempt.job
+        except Exception:  # noqa: BLE001 - TaskNotFound, or a stored queue the task no longer accepts
+            # Nothing to build a TaskResult from; the outcome itself is recorded on the job.
+            logger.debug("No task_finished for job %s: its task does not resolve.", job.id, exc_info=True)
+            return
         errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
-        final = outcome.state == JobState.FAILED or attempt.cancelled.is_set()  # cancelled: FAILED to Django
-        status = TaskResultStatus.FAILED if final else TaskResultStatus.READY
-        done = self._result(job, task, status, errors)
-        object.__setattr__(done, "finished_at", timezone.now() if status == TaskResultStatus.FAILED else None)
-        _send(task_finished, backend_cls, done)
+        done = self._result(job, task, _STATUS_OF.get(state, TaskResultStatus.READY), errors)
+        if outcome.uncount_attempt:
+            object.__setattr__(done, "worker_ids", done.worker_ids[:-1])  # a snooze takes its attempt back
+        object.__setattr__(done, "finished_at", outcome.finished_at)
+        if state == JobState.COMPLETED and outcome.return_value_json is not None:
+            object.__setattr__(done, "_return_value", json.loads(outcome.return_value_json))
+        sender = backend_class(job.backend)
+        exc = outcome.exc
+        if exc is None:
+            _send(task_finished, sender, done)
+            return
+        try:
+            raise exc
+        except BaseException:  # noqa: BLE001 - re-raised only so receivers see it in exc_info
+            _send(task_finished, sender, done)
 
     def _invoke(self, context: JobContext) -> Any:
         """The innermost handler of the middleware chain: call the task."""
@@ -326,6 +341,8 @@ class Executor:
             "attempt": job.attempts,
             "has_parent": job.parent_id is not None,
             "retention": job.options.get("retention"),
+            "job": job,
+            "exc": exc,
         }
         if isinstance(exc, Snooze):
             # Not a failed attempt: the attempt (and its worker id) are taken back.
@@ -377,6 +394,14 @@ class Executor:
         return float(delay)
 
 
+#: Django's status of a job stored in each state (a job cancelled while it ran is FAILED to Django).
+_STATUS_OF = {
+    JobState.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    JobState.FAILED: TaskResultStatus.FAILED,
+    JobState.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
 def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
     """Send a task signal; a receiver that raises is logged, never fails or repeats the job."""
     for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
@@ -400,6 +425,7 @@ def outcome_for(job: ClaimedJob, **fields: Any) -> Outcome:
         attempt=job.attempts,
         has_parent=job.parent_id is not None,
         retention=job.options.get("retention"),
+        job=job,
         **fields,
     )
 

@@ -23,6 +23,7 @@ With ``isolation="process"`` each executor thread runs its jobs in a child proce
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import random
@@ -30,6 +31,8 @@ import signal
 import socket
 import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -50,6 +53,7 @@ from .completer import Completer
 from .executor import Attempt, Executor, error_record, event_loop_thread, job_timeout, outcome_for
 from .isolation import ChildProcess
 from .listener import CHANNEL_RE, Listener
+from .stop_signals import StopRequests, install_stop_handler, signal_relay
 
 logger = logging.getLogger("django_jobs.worker")
 job_logger = logging.getLogger("django_jobs.worker.jobs")
@@ -66,6 +70,12 @@ GATED_REFRESH = 1.0
 CANCEL_POLL_INTERVAL = 0.5
 
 ISOLATIONS = ("thread", "process")
+#: Upper bounds of the worker's options (the runworker reference lists every bound). --sleep and
+#: --grace are waits: a day is plenty, and much longer ones overflow thread waits' timeouts.
+MAX_CONCURRENCY = 1000
+MAX_WAIT_SECONDS = 86400
+#: The length of a Worker row's id and of Job.worker_id.
+MAX_WORKER_ID_LENGTH = 200
 
 
 class InvalidWorkerOption(JobsError, ValueError):
@@ -162,14 +172,16 @@ class Worker:
                 raise InvalidWorkerOption(str(exc)) from None
         if queues is not None and not queues:
             raise InvalidWorkerOption("queues must name at least one queue, or be None/'*' for all.")
-        _require_int("concurrency", concurrency, 1, 1000)
+        _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
         if max_jobs is not None:
             _require_int("max_jobs", max_jobs, 1, None)
-        for name, value in (("max_time", max_time), ("sleep", sleep)):
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-                raise InvalidWorkerOption(f"{name} must be a number of seconds > 0; got {value!r}.")
-        if not isinstance(grace, (int, float)) or grace < 0:
-            raise InvalidWorkerOption(f"grace must be a number of seconds >= 0; got {grace!r}.")
+        if max_time is not None:
+            _require_seconds("max_time", max_time, zero_ok=False, high=None)
+        if sleep is not None:
+            _require_seconds("sleep", sleep, zero_ok=False, high=MAX_WAIT_SECONDS)
+        _require_seconds("grace", grace, zero_ok=True, high=MAX_WAIT_SECONDS)
+        if worker_id is not None:
+            _require_worker_id(worker_id)
         if isolation not in ISOLATIONS:
             raise InvalidWorkerOption(f"isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}.")
 
@@ -181,11 +193,11 @@ class Worker:
         self.stop_when_empty = stop_when_empty
         self.max_jobs = max_jobs
         self.max_time = max_time
+        if sleep is None:  # the system check lets an infinite POLL_INTERVAL through
+            _require_seconds("POLL_INTERVAL", self.settings.POLL_INTERVAL, zero_ok=False, high=MAX_WAIT_SECONDS)
         self.sleep = sleep or self.settings.POLL_INTERVAL
         self.grace = float(grace)
-        self.worker_id = worker_id or default_worker_id()
-        if len(self.worker_id) > 200:
-            raise InvalidWorkerOption("worker_id must be at most 200 characters.")
+        self.worker_id = default_worker_id() if worker_id is None else worker_id
         channel = get_settings().NOTIFY_CHANNEL
         if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
             raise InvalidWorkerOption(f"NOTIFY_CHANNEL must be a lower-case SQL identifier; got {channel!r}.")
@@ -208,6 +220,12 @@ class Worker:
         self._inflight = 0
         self._claimed_total = 0
         self._jobs: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        # The leases this worker holds: claim token -> its jobs not yet written or released.
+        # Only these are renewed. Tokens of claims whose answer was lost (it may have committed)
+        # are in _lost_claims until their jobs are handed back.
+        self._held: Counter[uuid.UUID] = Counter()
+        self._held_lock = threading.Lock()
+        self._lost_claims: set[uuid.UUID] = set()
         self._event_loop = event_loop_thread("jobs-asyncio")
         self._executor = Executor(worker_id=self.worker_id, loop_getter=self._event_loop)
         try:
@@ -241,9 +259,7 @@ class Worker:
         self._listener: Listener | None = None
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._threads: list[threading.Thread] = []
-        self._signals_seen = 0
         self._crash: WorkerCrashed | None = None
-        self._first_signal_at = 0.0
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -311,6 +327,15 @@ class Worker:
                 if free <= 0:
                     self._wait_idle_then_stop()
                     break
+            if self._lost_claims:
+                try:
+                    self._release_lost_claims()
+                except DatabaseError as exc:
+                    if not is_transient(exc):
+                        raise _crashed("handing back the jobs of a lost claim", exc) from exc
+                    failures += 1
+                    self._db_trouble("handing back the jobs of a lost claim", exc, failures)
+                    continue
             # Clear before claiming: a NOTIFY that lands during the claim keeps us awake.
             self._wake.clear()
             wake_in: float | None = None
@@ -325,6 +350,8 @@ class Worker:
                 self._db_trouble("claim", exc, failures)
                 continue
             if jobs:
+                with self._held_lock:
+                    self._held.update(job.lease_token for job in jobs)
                 with self._slots:
                     self._inflight += len(jobs)
                 self._claimed_total += len(jobs)
@@ -355,6 +382,7 @@ class Worker:
         meets a transient database error (it is retried next round)."""
 
         def fast(n: int) -> tuple[list[Any], float | None]:
+            token = self._new_claim_token()
             jobs = engine.claim_jobs(
                 using=self.using,
                 queues=self.queues,
@@ -362,7 +390,9 @@ class Worker:
                 worker_id=self.worker_id,
                 lease_seconds=self.settings.LEASE_SECONDS,
                 backend=self.backend,
+                lease_token=token,
             )
+            self._lost_claims.discard(token)
             return jobs, None
 
         steps = [self._claim_gated, fast] if self._claim_rounds % 2 else [fast, self._claim_gated]
@@ -399,19 +429,56 @@ class Worker:
         for name in random.sample(self._gated, len(self._gated)):
             if free <= 0:
                 break
-            claimed, wake_in = engine.claim_gated_jobs(
-                using=self.using,
-                queue=name,
-                limit=free,
-                worker_id=self.worker_id,
-                lease_seconds=self.settings.LEASE_SECONDS,
-                backend=self.backend,
-            )
+            token = self._new_claim_token()
+            try:
+                claimed, wake_in = engine.claim_gated_jobs(
+                    using=self.using,
+                    queue=name,
+                    limit=free,
+                    worker_id=self.worker_id,
+                    lease_seconds=self.settings.LEASE_SECONDS,
+                    backend=self.backend,
+                    lease_token=token,
+                )
+            except DatabaseError as exc:
+                if not jobs or not is_transient(exc):
+                    raise
+                # Keep what the other queues' claims took: they are ours to run.
+                logger.warning("Worker %s: a claim failed (%s); keeping the %d job(s) claimed.",
+                               self.worker_id, exc, len(jobs))  # fmt: skip
+                break
+            self._lost_claims.discard(token)
             jobs += claimed
             free -= len(claimed)
             if wake_in is not None:
                 wake = wake_in if wake is None else min(wake, wake_in)
         return jobs, wake
+
+    def _new_claim_token(self) -> uuid.UUID:
+        """A lease token for the next claim, counted as lost until the claim's answer arrives: a
+        claim can commit and then lose its answer with the connection, and its rows must then be
+        handed back (see _release_lost_claims), not left active under a worker that never runs
+        them."""
+        token = uuid.uuid4()
+        self._lost_claims.add(token)
+        return token
+
+    def _release_lost_claims(self) -> None:
+        """Hand back the jobs of claims whose answer was lost (producer thread). Repeating it is
+        harmless, so a release whose own answer is lost is simply tried again."""
+        tokens = set(self._lost_claims)
+        released = engine.release_jobs(using=self.using, worker_id=self.worker_id, lease_tokens=tokens)
+        self._lost_claims -= tokens
+        if released:
+            logger.warning(
+                "Worker %s: a claim committed but its answer was lost; handed its %d job(s) back to waiting.",
+                self.worker_id,
+                released,
+            )
+
+    def _held_tokens(self) -> list[uuid.UUID]:
+        with self._held_lock:
+            return list(self._held)
 
     def _sync_schedules(self) -> None:
         from ..queues import sync_queues
@@ -585,6 +652,8 @@ class Worker:
             try:
                 if child.conn.poll(0.05):
                     outcome = child.conn.recv()
+                    if outcome is not None:
+                        outcome.job = job  # not pickled: task_finished is sent from here
                     return (outcome if attempt.settle() else None), child
             except (EOFError, OSError, ValueError):  # the child died, or shutdown closed the pipe
                 if self._killing_children.is_set():
@@ -674,33 +743,50 @@ class Worker:
             attempt.cancel()
 
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
-        """Count what was stored and send the job signals (completer thread)."""
-        if written:
-            # A job that finished or went back to wait may let another start (its partition's
-            # next one, one more of a limited queue): claim again rather than sleep out the poll.
-            self._wake.set()
+        """Count what was stored and send the job signals, ``task_finished`` first (completer
+        thread, after the commit)."""
+        with self._held_lock:
+            self._held.subtract(o.lease_token for o in outcomes)
+            for token in {o.lease_token for o in outcomes}:
+                if self._held[token] <= 0:
+                    del self._held[token]
         for o in outcomes:
             state = written.get(o.job_id)
             if state is None:
                 continue
-            if state == JobState.COMPLETED:
-                self.stats.completed += 1
-                continue
-            if state == JobState.FAILED:
-                self.stats.failed += 1
-                continue
-            payload = {"job_id": str(o.job_id), "queue": o.queue}
-            if state == JobState.CANCELLED:
-                self.stats.cancelled += 1
-                send_job_signal(job_cancelled, self.backend, **payload, was_running=True)
-            elif o.uncount_attempt:
-                self.stats.snoozed += 1
-                send_job_signal(job_snoozed, self.backend, **payload, attempt=o.attempt, run_at=o.available_at)
-            else:
-                self.stats.retried += 1
-                send_job_signal(
-                    job_retried, self.backend, **payload, attempt=o.attempt, run_at=o.available_at, error=o.error
-                )
+            try:
+                self._signal_written(o, state)
+            except Exception:  # noqa: BLE001 - the completer must go on writing outcomes
+                logger.exception("Worker %s: sending the signals of job %s failed.", self.worker_id, o.job_id)
+        if written:
+            # A job that finished or went back to wait may let another start (its partition's
+            # next one, one more of a limited queue): claim again rather than sleep out the poll.
+            self._wake.set()
+
+    def _signal_written(self, o: engine.Outcome, state: str) -> None:
+        """Count one stored outcome and send its signals, ``task_finished`` first."""
+        if state == JobState.COMPLETED:
+            self.stats.completed += 1
+        elif state == JobState.FAILED:
+            self.stats.failed += 1
+        elif state == JobState.CANCELLED:
+            self.stats.cancelled += 1
+        elif o.uncount_attempt:
+            self.stats.snoozed += 1
+        else:
+            self.stats.retried += 1
+        self._executor.send_finished(o, state)
+        payload = {"job_id": str(o.job_id), "queue": o.queue}
+        if state in (JobState.COMPLETED, JobState.FAILED):
+            return
+        if state == JobState.CANCELLED:
+            send_job_signal(job_cancelled, self.backend, **payload, was_running=True)
+        elif o.uncount_attempt:
+            send_job_signal(job_snoozed, self.backend, **payload, attempt=o.attempt, run_at=o.available_at)
+        else:
+            send_job_signal(
+                job_retried, self.backend, **payload, attempt=o.attempt, run_at=o.available_at, error=o.error
+            )
 
     # -- maintenance ------------------------------------------------------------------------------
 
@@ -736,7 +822,9 @@ class Worker:
                     # With a live LISTEN, NOTIFY brings cancels; the poll is then only a safety net.
                     next_cancel_poll = now + (renew_every if listening else CANCEL_POLL_INTERVAL)
                 if now >= next_renew:
-                    engine.renew_leases(using=self.using, worker_id=self.worker_id, lease_seconds=s.LEASE_SECONDS)
+                    engine.renew_leases(
+                        using=self.using, lease_tokens=self._held_tokens(), lease_seconds=s.LEASE_SECONDS
+                    )
                     if not engine.heartbeat_worker(using=self.using, worker_id=self.worker_id):
                         self._register()  # the reaper took us for dead; come back
                     next_renew = now + renew_every
@@ -838,10 +926,7 @@ class Worker:
             self._jobs.put(None)
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
         self._completer.close(timeout=max(5.0, deadline - time.monotonic()))
-        try:
-            self.stats.released = engine.release_jobs(using=self.using, worker_id=self.worker_id)
-        except DatabaseError:
-            logger.exception("Worker %s could not release its jobs; their leases will expire.", self.worker_id)
+        self.stats.released = self._release_all()
         # Claimed but never started jobs (queued for an executor) are covered by the release too.
         self._maintenance_done.set()
         for t in self._threads:
@@ -856,34 +941,94 @@ class Worker:
         _close_connection(self.using)
         logger.info("Worker %s stopped: %s", self.worker_id, self.stats.summary())
 
+    def _release_all(self) -> int:
+        """Hand every job still ours back (shutdown). A release whose answer is lost may have
+        committed; repeating it is harmless, so it is tried again on a new connection."""
+        for attempt in range(3):
+            try:
+                return engine.release_jobs(using=self.using, worker_id=self.worker_id)
+            except DatabaseError as exc:
+                if attempt == 2 or not is_transient(exc):
+                    logger.error(
+                        "Worker %s could not release its jobs (%s: %s); their leases will expire and they will "
+                        "run again.",
+                        self.worker_id,
+                        type(exc).__name__,
+                        str(exc).strip(),
+                    )
+                    return 0
+                _close_connection(self.using)
+                time.sleep(0.05 * 2**attempt)
+        return 0
+
     def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: the first stop request stops the worker gracefully, a second one
+        (a signal more than REPEAT_WINDOW after the first; a closer one repeats the first)
+        exits at once. The handler does only that sorting; a thread logs and calls stop(), see
+        :mod:`.stop_signals` for why."""
+        requests = StopRequests()
+
         def handler(signum: int, frame: Any) -> None:
-            self._signals_seen += 1
-            now = time.monotonic()
-            if self._signals_seen == 1:
-                self._first_signal_at = now
-            # A second signal within a second is the same request arriving twice (a terminal's
-            # Ctrl-C reaches both the supervisor, which forwards it, and this process).
-            elif now - self._first_signal_at > 1.0:
-                # Second signal: leave now; leases hand the running jobs to other workers.
+            request = requests.count()
+            if request == 1:
+                relay.send(signum)
+            elif request > 1:
+                # Leave now; leases hand the running jobs to other workers.
                 os.write(2, b"django_jobs: second signal, exiting at once.\n")
                 os._exit(1)
-            logger.warning(
-                "Worker %s: %s received, shutting down (grace %.0fs; send again to exit at once).",
-                self.worker_id,
-                signal.Signals(signum).name,
-                self.grace,
-            )
-            self.stop()
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        relay = signal_relay(self._on_stop_signal)
+        install_stop_handler(handler)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        """A first SIGTERM/SIGINT (on the jobs-signals thread): log it and stop gracefully."""
+        logger.warning(
+            "Worker %s: %s received, shutting down (grace %.0fs; send again to exit at once).",
+            self.worker_id,
+            signal.Signals(signum).name,
+            self.grace,
+        )
+        self.stop()
 
 
 def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f"{low}..{high}" if high is not None else f">= {low}"
         raise InvalidWorkerOption(f"{name} must be an integer {allowed}; got {value!r}.")
+
+
+def _require_seconds(name: str, value: Any, *, zero_ok: bool, high: float | None) -> None:
+    """A finite number of seconds from 0 (``zero_ok``) or above it, up to ``high``. NaN passes
+    every comparison with a bound (a NaN poll interval made an idle worker spin), infinity
+    overflows a thread wait, and an int too large for a float overflows the arithmetic."""
+    try:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        ok = False
+    if ok and (value < 0 or (value == 0 and not zero_ok) or (high is not None and value > high)):
+        ok = False
+    if not ok:
+        allowed = (">= 0" if zero_ok else "> 0") + (f" and <= {high:g}" if high is not None else " and finite")
+        raise InvalidWorkerOption(f"{name} must be a number of seconds {allowed}; got {value!r}.")
+
+
+def _require_worker_id(value: Any) -> None:
+    """A worker id is stored in a varchar(200) and read in logs and the admin: 1-200 printable
+    characters (no newline, tab or other control character), no whitespace at either end.
+    ``None``, not an empty string, asks for a generated id."""
+    if not isinstance(value, str):
+        problem = f"must be a string, or None for a generated id; got {value!r}"
+    elif not value.strip():
+        problem = f"must not be empty or blank; leave it out (None) for a generated id; got {value!r}"
+    elif len(value) > MAX_WORKER_ID_LENGTH:
+        problem = f"must be at most {MAX_WORKER_ID_LENGTH} characters; got {len(value)}"
+    elif value != value.strip():
+        problem = f"must not start or end with whitespace; got {value!r}"
+    elif not value.isprintable():
+        problem = f"must be printable characters only, no control characters (newline, tab...); got {value!r}"
+    else:
+        return
+    raise InvalidWorkerOption(f"worker_id {problem}.")
 
 
 def _crashed(what: str, exc: BaseException) -> WorkerCrashed:

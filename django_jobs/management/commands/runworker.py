@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from typing import Any
 
@@ -10,18 +11,24 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checks import check_worker_processes
 from ...exceptions import JobsError, WorkerCrashed
+from ...worker.runner import MAX_WAIT_SECONDS
 from ...worker.supervisor import EXIT_FATAL
 
 
-def _positive_float(name: str, raw: str) -> float:
+def _seconds(name: str, raw: str, *, zero_ok: bool = False, high: float | None = None) -> float:
+    """``--name SECONDS``: a finite number, from 0 (``zero_ok``) or above it, up to ``high``."""
     try:
         value = float(raw)
     except ValueError:
-        raise CommandError(f"--{name} must be a number of seconds; got {raw!r}.") from None
-    if value <= 0 and name != "grace":
-        raise CommandError(f"--{name} must be > 0 seconds; got {raw!r}.")
-    if value < 0:
-        raise CommandError(f"--{name} must be >= 0 seconds; got {raw!r}.")
+        value = math.nan
+    if math.isnan(value):  # float() reads "nan" too, and NaN passes no comparison with a bound
+        raise CommandError(f"--{name} must be a number of seconds; got {raw!r}.")
+    if value < 0 or (value == 0 and not zero_ok):
+        raise CommandError(f"--{name} must be {'>=' if zero_ok else '>'} 0 seconds; got {raw!r}.")
+    if high is not None and value > high:
+        raise CommandError(f"--{name} must be at most {high:g} seconds; got {raw!r}.")
+    if math.isinf(value):
+        raise CommandError(f"--{name} must be a finite number of seconds (leave it out for no limit); got {raw!r}.")
     return value
 
 
@@ -59,10 +66,16 @@ class Command(BaseCommand):
         parser.add_argument("--max-jobs", default=None, help="Exit after this many jobs (per process).")
         parser.add_argument("--max-time", default=None, help="Exit after this many seconds.")
         parser.add_argument(
-            "--sleep", default=None, help="Idle poll interval in seconds (jittered). Default POLL_INTERVAL."
+            "--sleep",
+            default=None,
+            help="Idle poll interval in seconds (jittered), up to a day. Default POLL_INTERVAL.",
         )
-        parser.add_argument("--grace", default="30", help="Seconds running jobs get to finish on shutdown. Default 30.")
-        parser.add_argument("--worker-id", default=None, help="Worker id (default host-pid-random).")
+        parser.add_argument(
+            "--grace", default="30", help="Seconds running jobs get to finish on shutdown (0 to a day). Default 30."
+        )
+        parser.add_argument(
+            "--worker-id", default=None, help="Worker id: 1-200 printable characters (default host-pid-random)."
+        )
         parser.add_argument("--backend", default="default", help="Alias in TASKS. Default 'default'.")
         parser.add_argument(
             "--isolation",
@@ -83,10 +96,12 @@ class Command(BaseCommand):
         concurrency = _int("concurrency", opts["concurrency"], 1)
         processes = _int("processes", opts["processes"], 1)
         max_jobs = _int("max-jobs", opts["max_jobs"], 1) if opts["max_jobs"] is not None else None
-        max_time = _positive_float("max-time", opts["max_time"]) if opts["max_time"] is not None else None
-        sleep = _positive_float("sleep", opts["sleep"]) if opts["sleep"] is not None else None
-        grace = _positive_float("grace", opts["grace"])
-        if opts["worker_id"] and processes > 1:
+        max_time = _seconds("max-time", opts["max_time"]) if opts["max_time"] is not None else None
+        sleep = _seconds("sleep", opts["sleep"], high=MAX_WAIT_SECONDS) if opts["sleep"] is not None else None
+        grace = _seconds("grace", opts["grace"], zero_ok=True, high=MAX_WAIT_SECONDS)
+        # The Worker checks the id itself (not empty, printable...); an empty one is refused
+        # there, not taken for "generate one".
+        if opts["worker_id"] is not None and processes > 1:
             raise CommandError("--worker-id names one process; leave it out with --processes > 1.")
         self._configure_logging(opts["verbosity"])
 
