@@ -164,3 +164,30 @@ def worker_process(tmp_path) -> Iterator[Callable[..., subprocess.Popen]]:
 
 def read_log(proc: subprocess.Popen) -> str:
     return Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def in_process_command() -> Iterator[Callable[..., str]]:
+    """Run runworker in this process (``run(*args)``, its stdout returned) and undo what it
+    changes process-wide: the SIGTERM/SIGINT handlers the worker installs and the levels of the
+    django_jobs loggers."""
+    import logging
+    import signal
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    loggers = [logging.getLogger(n) for n in ("django_jobs", "django_jobs.worker.jobs")]
+    saved_levels = [lg.level for lg in loggers]
+
+    def run(*args: str) -> str:
+        out = StringIO()
+        call_command("runworker", *args, stdout=out, stderr=StringIO())
+        return out.getvalue()
+
+    yield run
+    for s, handler in saved_signals.items():
+        signal.signal(s, handler)
+    for lg, level in zip(loggers, saved_levels, strict=True):
+        lg.setLevel(level)

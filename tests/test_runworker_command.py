@@ -3,14 +3,11 @@ what a real run prints (a subprocess worker)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import signal
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from django_jobs.models import Job
 from django_jobs.signals import worker_started
@@ -18,26 +15,6 @@ from tests import tasks
 from tests.conftest import read_log
 
 ON_SQLITE = os.environ.get("JOBS_TEST_DB", "sqlite") == "sqlite"
-
-
-@pytest.fixture
-def in_process_command():
-    """Run runworker in this process and undo what it changes process-wide: the SIGTERM/SIGINT
-    handlers the worker installs and the levels of the django_jobs loggers."""
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    loggers = [logging.getLogger(n) for n in ("django_jobs", "django_jobs.worker.jobs")]
-    saved_levels = [lg.level for lg in loggers]
-
-    def run(*args: str) -> str:
-        out = StringIO()
-        call_command("runworker", *args, stdout=out, stderr=StringIO())
-        return out.getvalue()
-
-    yield run
-    for s, handler in saved_signals.items():
-        signal.signal(s, handler)
-    for lg, level in zip(loggers, saved_levels, strict=True):
-        lg.setLevel(level)
 
 
 @pytest.mark.parametrize(

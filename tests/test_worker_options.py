@@ -5,13 +5,10 @@ InvalidWorkerOption for the same values when called from Python."""
 
 from __future__ import annotations
 
-import logging
 import math
-import signal
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.test import override_settings
 
 from django_jobs.signals import worker_started
@@ -19,24 +16,10 @@ from django_jobs.worker import InvalidWorkerOption, Worker
 
 
 @pytest.fixture
-def runworker():
-    """Run runworker in this process; undo what it changes process-wide (signal handlers, the
-    django_jobs logger levels)."""
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    loggers = [logging.getLogger(n) for n in ("django_jobs", "django_jobs.worker.jobs")]
-    saved_levels = [lg.level for lg in loggers]
-
-    def run(*args: str) -> str:
-        out = StringIO()
-        # --stop-when-empty: should a bad value get through, the worker ends instead of running on.
-        call_command("runworker", *args, "--stop-when-empty", stdout=out, stderr=StringIO())
-        return out.getvalue()
-
-    yield run
-    for s, handler in saved_signals.items():
-        signal.signal(s, handler)
-    for lg, level in zip(loggers, saved_levels, strict=True):
-        lg.setLevel(level)
+def runworker(in_process_command):
+    """runworker in this process, with --stop-when-empty: should a bad value get through, the
+    worker ends instead of running on."""
+    return lambda *args: in_process_command(*args, "--stop-when-empty")
 
 
 @pytest.mark.parametrize(

@@ -327,19 +327,12 @@ class Worker:
                 if free <= 0:
                     self._wait_idle_then_stop()
                     break
-            if self._lost_claims:
-                try:
-                    self._release_lost_claims()
-                except DatabaseError as exc:
-                    if not is_transient(exc):
-                        raise _crashed("handing back the jobs of a lost claim", exc) from exc
-                    failures += 1
-                    self._db_trouble("handing back the jobs of a lost claim", exc, failures)
-                    continue
             # Clear before claiming: a NOTIFY that lands during the claim keeps us awake.
             self._wake.clear()
             wake_in: float | None = None
             try:
+                if self._lost_claims:
+                    self._release_lost_claims()  # first: their jobs may be the next to run
                 jobs, wake_in = self._claim(free)
                 failures = 0
             except DatabaseError as exc:
@@ -405,15 +398,20 @@ class Worker:
             try:
                 got, wake_in = step(free - len(jobs))
             except DatabaseError as exc:
-                if not jobs or not is_transient(exc):
-                    raise
-                logger.warning("Worker %s: a claim failed (%s); keeping the %d job(s) claimed.",
-                               self.worker_id, exc, len(jobs))  # fmt: skip
+                self._keep_claimed(jobs, exc)
                 break
             jobs += got
             if wake_in is not None:
                 wake = wake_in
         return jobs, wake
+
+    def _keep_claimed(self, jobs: list[Any], exc: DatabaseError) -> None:
+        """A claim failed after earlier claims of this round took ``jobs``: keep those (the
+        failed claim is retried next round) when the error is transient; raise otherwise."""
+        if not jobs or not is_transient(exc):
+            raise exc
+        logger.warning("Worker %s: a claim failed (%s); keeping the %d job(s) claimed.",
+                       self.worker_id, exc, len(jobs))  # fmt: skip
 
     def _claim_gated(self, free: int) -> tuple[list[Any], float | None]:
         """Claim from this worker's queues that have a concurrency or rate limit (each under its
@@ -441,11 +439,7 @@ class Worker:
                     lease_token=token,
                 )
             except DatabaseError as exc:
-                if not jobs or not is_transient(exc):
-                    raise
-                # Keep what the other queues' claims took: they are ours to run.
-                logger.warning("Worker %s: a claim failed (%s); keeping the %d job(s) claimed.",
-                               self.worker_id, exc, len(jobs))  # fmt: skip
+                self._keep_claimed(jobs, exc)  # what the other queues' claims took is ours to run
                 break
             self._lost_claims.discard(token)
             jobs += claimed
