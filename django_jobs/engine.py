@@ -2746,7 +2746,7 @@ def advance_schedule(
     """
     from .models import Schedule
 
-    now = now or timezone.now()
+    given_now, now = now, now or timezone.now()
     rows = Schedule.objects.using(using).filter(id=schedule_id)
     with transaction.atomic(using=using):
         if not rows.filter(next_run_at=due, enabled=True).update(next_run_at=next_run_at):
@@ -2758,6 +2758,11 @@ def advance_schedule(
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
                 _admit(cursor, Dialect(using), job.queue, {job.partition_key: 1})
                 job.blocked = job.partition_key is not None
+                if given_now is None and Dialect(using).pg:
+                    # The database's clock, as for every enqueue and the job's later times (a
+                    # tick is rare: one round trip more is nothing here).
+                    cursor.execute("SELECT now()")
+                    job.enqueued_at = cursor.fetchone()[0]
                 Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
                 if Job.objects.using(using).filter(id=job.id).exists():  # not a tick's second job
                     write_events(cursor, Dialect(using), [(job.queue, job.id, "enqueued", _enqueued_data(job))], now)
