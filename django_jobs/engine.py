@@ -1868,31 +1868,55 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     # When retention lets the finished job go (purge_at), from this process's clock: a day's
     # policy does not care about the milliseconds between it and the database's.
     finished_at = now or timezone.now()
-    values: list[Any] = []
+    purges: dict[tuple[str, str], datetime | None] = {}  # one finish time per batch: per (state, queue)
+
+    def purge_at(state: str, o: Outcome) -> datetime | None:
+        if o.retention is not None:
+            return retention.purge_at(state, finished_at, queue=o.queue, task_retention=o.retention)
+        key = (state, o.queue)
+        if key not in purges:
+            purges[key] = retention.purge_at(state, finished_at, queue=o.queue, task_retention=None)
+        return purges[key]
+
+    rows_out: list[list[Any]] = []
     for o in outcomes:
-        purge = purge_cancelled = None
-        if o.state in FINISHED_STATES:
-            purge = retention.purge_at(o.state, finished_at, queue=o.queue, task_retention=o.retention)
-        purge_cancelled = retention.purge_at(JobState.CANCELLED, finished_at, queue=o.queue, task_retention=o.retention)
-        values += [
-            d.uuid(o.job_id),
-            d.uuid(o.lease_token),
-            str(o.state),
-            o.return_value_json,
-            json.dumps(o.error) if o.error is not None else None,
-            d.dt(o.available_at),
-            1 if o.uncount_attempt else 0,
-            ready_seq(o.available_at) if o.available_at is not None else None,
-            d.dt(purge),
-            d.dt(purge_cancelled),
-            o.runtime_ms,
-        ]
+        rows_out.append(
+            [
+                o.job_id,
+                o.lease_token,
+                str(o.state),
+                o.return_value_json,
+                json.dumps(o.error) if o.error is not None else None,
+                o.available_at,
+                1 if o.uncount_attempt else 0,
+                ready_seq(o.available_at) if o.available_at is not None else None,
+                purge_at(o.state, o) if o.state in FINISHED_STATES else None,
+                purge_at(JobState.CANCELLED, o),
+                o.runtime_ms,
+            ]
+        )
     t = JOB_TABLE
     events = events_enabled()
-    values_cte = (
-        f"WITH v(id, token, state, rv, err, avail, uncount, avail_seq, purge, purge_c, rt) "
-        f"AS (VALUES {', '.join([row_sql] * len(outcomes))})"
-    )
+    columns = "id, token, state, rv, err, avail, uncount, avail_seq, purge, purge_c, rt"
+    values: list[Any]
+    if d.pg:
+        # The whole batch is one JSON parameter (serialised by json's C encoder) and the
+        # statement's text is the same for every batch size, so psycopg parses it once. (A VALUES
+        # list of 11 parameters a row was parsed and quoted anew for every batch: the completer's
+        # largest cost.)
+        values = [json.dumps(rows_out, default=str)]
+        values_cte = (
+            f"WITH v({columns}) AS (SELECT (e->>0)::uuid, (e->>1)::uuid, e->>2, (e->>3)::jsonb, (e->>4)::jsonb, "
+            f"(e->>5)::timestamptz, (e->>6)::integer, (e->>7)::bigint, (e->>8)::timestamptz, (e->>9)::timestamptz, "
+            f"(e->>10)::bigint FROM jsonb_array_elements(%s::jsonb) e)"
+        )
+    else:
+        values = [
+            v
+            for r in rows_out
+            for v in (d.uuid(r[0]), d.uuid(r[1]), *r[2:5], d.dt(r[5]), r[6], r[7], d.dt(r[8]), d.dt(r[9]), r[10])
+        ]
+        values_cte = f"WITH v({columns}) AS (VALUES {', '.join([row_sql] * len(outcomes))})"
     update = (
         f"UPDATE {t} SET state = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE v.state END, "
         f"return_value = v.rv, "

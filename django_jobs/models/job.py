@@ -92,7 +92,11 @@ class Job(models.Model):
 
     # Columns for the features that follow (dedup, flows, schedules, partitions, tracing).
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    # Indexed by django_jobs_parent_idx, only where set: a job without a parent (nearly every
+    # job) writes no entry for it.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_index=False
+    )
     pending_children = models.PositiveIntegerField(default=0)
     scheduler_key = models.CharField(max_length=255, null=True, blank=True)
     partition_key = models.CharField(max_length=255, null=True, blank=True)
@@ -122,6 +126,8 @@ class Job(models.Model):
                 name="django_jobs_ready_queue_idx",
                 condition=Q(state="waiting", blocked=False),
             ),
+            # A flow parent's children (settling a flow, cancelling its descendants).
+            models.Index(fields=["parent"], name="django_jobs_parent_idx", condition=Q(parent__isnull=False)),
             # Delayed jobs by due time (the promoter).
             models.Index(fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")),
             # Active jobs by lease expiry (the rescuer).
