@@ -2022,18 +2022,26 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         # Their partitions' next jobs may run now: one transaction for the batch (one commit, not
         # one per partition). After the outcomes' own commit: a crash in between leaves them
         # blocked for the PartitionSweeper.
-        try:
-            with transaction.atomic(using=using), connections[using].cursor() as cursor:
-                if _unblock_heads(cursor, d, turns):
-                    requeued |= {q for q, _ in turns}
-        except (OperationalError, InterfaceError) as exc:
-            # The outcomes are committed; only this hint failed (a lock conflict, a lost
-            # connection). Raising would make the completer write them again: leave the
-            # partitions to the PartitionSweeper instead.
-            if not is_transient(exc):
-                raise
-            logger.info("Freeing the next jobs of %d partition(s) failed (%s); the sweeper will.", len(turns), exc)
-            _drop_broken_connection(using)
+        # Freeing is idempotent: after a lost connection it is tried once more on a new one
+        # (outside a transaction) rather than left to the leader's sweeper, whose worker may be
+        # the one that just died.
+        tries = 1 if connections[using].in_atomic_block else 2
+        for attempt in range(tries):
+            try:
+                with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                    if _unblock_heads(cursor, d, turns):
+                        requeued |= {q for q, _ in turns}
+                break
+            except (OperationalError, InterfaceError) as exc:
+                # The outcomes are committed; only this hint failed (a lock conflict, a lost
+                # connection). Raising would make the completer write them again.
+                if not is_transient(exc):
+                    raise
+                _drop_broken_connection(using)
+                if attempt == tries - 1:
+                    logger.info(
+                        "Freeing the next jobs of %d partition(s) failed (%s); the sweeper will.", len(turns), exc
+                    )
     if requeued:
         try:
             notify(using, sorted(requeued))
