@@ -1,4 +1,4 @@
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench bench-peers venv clean
 
 venv:
 	scripts/bootstrap.sh
@@ -16,6 +16,11 @@ lint: venv
 bench: venv
 	scripts/ensure_postgres.sh
 	.venv/bin/python benchmarks/throughput.py
+
+# Side by side with pgqueuer, installed into the benchmark-only .bench-venv/peers (never a dependency).
+bench-peers: venv
+	scripts/ensure_postgres.sh
+	.venv/bin/python benchmarks/peers.py --write
 
 clean:
 	rm -rf .venv example_project/db.sqlite3* .pytest_cache
