@@ -1576,7 +1576,11 @@ def _claim_statement(
         f"lease_token = %s, lease_expires_at = {lease_sql}, worker_id = %s, "
         f"worker_ids = {d.json_append_text('worker_ids', '%s')}, "
         f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
-        f"WHERE {d.id_in(select_ids)} AND state = 'waiting' RETURNING {returning}"
+        # No "AND state = 'waiting'" here: the ids were read and locked as waiting by this very
+        # statement, so it holds. Spelled out, it let PostgreSQL's planner AND the id list with
+        # django_jobs_unfinished_idx (whose condition it implies) and read that whole index (the
+        # backlog: 20,000 entries, 1.3 of 2.2 ms) for every claim when its statistics are stale.
+        f"WHERE {d.id_in(select_ids)} RETURNING {returning}"
     )
     params = [d.uuid(lease_token), *lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
     if d.pg and events_enabled():
