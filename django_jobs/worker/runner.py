@@ -558,7 +558,8 @@ class Worker:
                 if attempt is None:
                     return
                 job = attempt.job
-                close_old_connections()
+                # Connection housekeeping once per job, after it (as Django does at a request's
+                # end): the one before each job only repeated what the last one's had just done.
                 t0 = time.perf_counter()
                 try:
                     if attempt.in_child:
