@@ -96,6 +96,7 @@ from django.tasks import task  # noqa: E402
 from django.tasks.signals import task_finished  # noqa: E402
 
 from benchmarks import throughput as tp  # noqa: E402
+from benchmarks.tasks import _append  # noqa: E402
 from django_jobs.states import UNFINISHED_STATES  # noqa: E402
 from tests.faultproxy import FaultProxy, Trap  # noqa: E402 - a plain module, no test machinery
 
@@ -118,16 +119,6 @@ SWEPT = re.compile(r"partition_sweeper: \{'unblocked': (\d+)\}")
 
 
 # -- the job and its probe (imported by the workers) ---------------------------------------------
-
-
-def _append(directory: str, line: str) -> None:
-    """One line appended to this process's file in ``directory``: one ``write`` of an O_APPEND
-    file, so the threads of a process never interleave and nothing is locked."""
-    fd = os.open(os.path.join(directory, f"{os.getpid()}.tsv"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 @task(takes_context=True)

@@ -75,6 +75,7 @@ from benchmarks.throughput import (  # noqa: E402 - the environment above comes 
     stop_processes,
     worker_command,
 )
+from benchmarks.throughput import text_table as tp_text_table  # noqa: E402
 
 PGQ_VERSION = "1.6.0"
 VENV = ROOT / ".bench-venv" / "peers"
@@ -911,14 +912,7 @@ HEADER = ["scenario", "django-jobs: median (runs)", "pgqueuer: median (runs)", "
 
 
 def text_table(rows: list[Row]) -> str:
-    cells = [HEADER] + [r.cells() for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    lines = []
-    for i, c in enumerate(cells):
-        lines.append("  ".join(v.ljust(widths[j]) for j, v in enumerate(c)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return tp_text_table(rows, HEADER)
 
 
 def markdown_table(rows: list[Row]) -> str:

@@ -559,9 +559,10 @@ class Row:
 HEADER = ["metric", "median", "runs", "target", "met?"]
 
 
-def text_table(rows: list[Row]) -> str:
-    cells = [HEADER] + [r.cells() for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+def text_table(rows: list[Any], header: list[str] = HEADER) -> str:
+    """``rows`` (anything with ``cells()``) under ``header``, in aligned columns."""
+    cells = [header] + [r.cells() for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     lines = []
     for i, c in enumerate(cells):
         lines.append("  ".join(v.ljust(widths[j]) for j, v in enumerate(c)).rstrip())
