@@ -1856,19 +1856,6 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
 
     d = Dialect(using)
     now_sql, now_params = d.now(now)
-    row_sql = "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})".format(
-        d.cast("%s", "uuid"),
-        d.cast("%s", "uuid"),
-        d.cast("%s", "text"),
-        d.cast("%s", "jsonb"),
-        d.cast("%s", "jsonb"),
-        d.cast("%s", "timestamptz"),
-        d.cast("%s", "integer"),
-        d.cast("%s", "bigint"),
-        d.cast("%s", "timestamptz"),
-        d.cast("%s", "timestamptz"),
-        d.cast("%s", "bigint"),
-    )
     # When retention lets the finished job go (purge_at), from this process's clock: a day's
     # policy does not care about the milliseconds between it and the database's.
     finished_at = now or timezone.now()
@@ -1920,6 +1907,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
             for r in rows_out
             for v in (d.uuid(r[0]), d.uuid(r[1]), *r[2:5], d.dt(r[5]), r[6], r[7], d.dt(r[8]), d.dt(r[9]), r[10])
         ]
+        row_sql = f"({', '.join(['%s'] * 11)})"
         values_cte = f"WITH v({columns}) AS (VALUES {', '.join([row_sql] * len(outcomes))})"
     update = (
         f"UPDATE {t} SET state = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE v.state END, "
