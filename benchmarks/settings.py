@@ -31,6 +31,9 @@ for _name in ("LEASE_SECONDS", "RESCUE_INTERVAL"):
 # JOBS_BENCH_EVENTS=0: the same run without the event log (the A/B of its cost).
 if os.environ.get("JOBS_BENCH_EVENTS") == "0":
     DJANGO_JOBS["EVENTS"] = False
+# JOBS_BENCH_PREPARED=0: the same run with the hot statements unprepared (the A/B of preparing).
+if os.environ.get("JOBS_BENCH_PREPARED") == "0":
+    DJANGO_JOBS["PREPARED_STATEMENTS"] = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":

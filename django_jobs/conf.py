@@ -81,6 +81,10 @@ class JobsSettings:
     #: How often the leader's pruner runs (seconds), and the rows it deletes per transaction.
     PRUNE_INTERVAL: float = 5.0
     PRUNE_BATCH_SIZE: int = 1000
+    #: PostgreSQL: prepare the statements every job sends (insert, claim, outcome batch) on each
+    #: connection. Turn off behind a connection pooler that cannot keep prepared statements
+    #: (PgBouncer before 1.21 in transaction mode).
+    PREPARED_STATEMENTS: bool = True
     #: LISTEN/NOTIFY channel (PostgreSQL).
     NOTIFY_CHANNEL: str = "django_jobs"
     #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
@@ -129,8 +133,9 @@ class JobsSettings:
                 validate_queue_declarations(self.QUEUES)
             except JobsConfigurationError as exc:
                 problems.append(str(exc))
-        if not isinstance(self.EVENTS, bool):
-            problems.append("EVENTS must be True or False.")
+        for name in ("EVENTS", "PREPARED_STATEMENTS"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be True or False.")
         for name, most in (("EVENTS_MAX_PER_QUEUE", 10**9), ("PRUNE_BATCH_SIZE", 10_000)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
@@ -167,7 +172,7 @@ SETTING_NAMES = frozenset(f.name for f in fields(JobsSettings))
 #: Settings that concern the whole process, not one backend: only DJANGO_JOBS may set them.
 GLOBAL_ONLY = frozenset(
     {"NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS", "EVENTS", "EVENTS_MAX_PER_QUEUE", "RETENTION",
-     "METRICS_KEEP_DAYS"}
+     "METRICS_KEEP_DAYS", "PREPARED_STATEMENTS"}
 )  # fmt: skip
 
 

@@ -74,6 +74,70 @@ def sqlite_version() -> tuple[int, ...]:
     return sqlite3.sqlite_version_info
 
 
+# -- statements sent thousands of times -----------------------------------------------------
+
+
+def hot_cursor(using: str) -> Any:
+    """A cursor for the statements every job sends (insert, claim, outcome batch).
+
+    On PostgreSQL with ``PREPARED_STATEMENTS`` on (the default): a server-side-binding psycopg
+    cursor whose statements are prepared, so the server parses and plans each statement's text
+    once per connection, not once per call (planning was 0.6-0.8 ms of a claim or an outcome
+    batch; the parameters change from call to call, the text does not). Django's own cursors bind
+    on the client and never prepare (``prepare_threshold`` is None, for connection poolers). The
+    cursor is wrapped like Django's, so error translation, ``execute_wrapper`` and the debug
+    query log see these statements too. Elsewhere, or with the setting off (a PgBouncer older
+    than 1.21 in transaction mode): Django's cursor.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql" or not _prepare_statements():
+        return connection.cursor()
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns psycopg's preparing off (None) for connection poolers; that also ignores
+        # an explicit prepare=True. A threshold never reached keeps Django's own statements
+        # unprepared and lets ours ask for it.
+        raw.prepare_threshold = _NEVER
+    if not getattr(raw, "_django_jobs_generic", False) and not connection.in_atomic_block:
+        # PostgreSQL's "auto" plan cache kept re-planning these statements (custom plans: a
+        # quarter of the server's CPU while draining). Their best plan does not depend on the
+        # values (ids, a token, a batch as one JSON array, LIMIT), so plan them once. Only
+        # prepared statements are affected, and only ours are prepared. Set in autocommit, so
+        # no rolled-back transaction takes it back.
+        with connection.cursor() as cursor:
+            cursor.execute("SET plan_cache_mode = force_generic_plan")
+        raw._django_jobs_generic = True
+    return connection._prepare_cursor(_prepared_cursor_class()(raw))
+
+
+_NEVER = 2**31 - 1
+
+
+def _prepare_statements() -> bool:
+    from .conf import get_settings
+
+    return bool(get_settings().PREPARED_STATEMENTS)
+
+
+_PREPARED_CURSOR: type | None = None
+
+
+def _prepared_cursor_class() -> type:
+    """psycopg's server-side-binding cursor, preparing every statement it runs (built on first
+    use: the package imports without psycopg)."""
+    global _PREPARED_CURSOR
+    if _PREPARED_CURSOR is None:
+        import psycopg
+
+        class PreparedCursor(psycopg.Cursor):
+            def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True, **kw: Any) -> Any:
+                return super().execute(query, params, prepare=prepare, **kw)
+
+        _PREPARED_CURSOR = PreparedCursor
+    return _PREPARED_CURSOR
+
+
 # -- parameter adaptation and row decoding -------------------------------------------------
 
 

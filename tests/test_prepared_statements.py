@@ -1,0 +1,71 @@
+"""The hot statements (insert, claim, outcome batch, enqueue_many) are prepared on PostgreSQL
+with a generic plan, and not at all with PREPARED_STATEMENTS off (a PgBouncer before 1.21)."""
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from django_jobs import engine
+from django_jobs.engine import Outcome
+from django_jobs.models import Job
+
+from . import tasks
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"),
+]
+
+
+def prepared() -> dict[str, tuple[int, int]]:
+    """{statement text: (generic plans, custom plans)} of this connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+
+
+def drain_one_by_one(n: int) -> None:
+    for _ in range(n):
+        tasks.noop.enqueue()
+        [job] = engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w", lease_seconds=30)
+        outcome = Outcome(job_id=job.id, lease_token=job.lease_token, state="completed", queue=job.queue)
+        assert engine.record_outcomes([outcome], using="default") == {job.id: "completed"}
+
+
+def test_the_hot_statements_are_prepared_once_and_planned_generically():
+    connection.close()  # a connection of its own: nothing prepared yet
+    drain_one_by_one(8)
+    tasks.noop.enqueue_many(() for _ in range(3))
+    statements = prepared()
+    insert = [s for s in statements if s.startswith("WITH new_job AS (INSERT INTO django_jobs_job")]
+    claim = [s for s in statements if "SET state = 'active'" in s]
+    outcome = [s for s in statements if "jsonb_array_elements" in s and "UPDATE django_jobs_job" in s]
+    many = [s for s in statements if "jsonb_array_elements" in s and "INSERT INTO django_jobs_job" in s]
+    assert len(insert) == len(claim) == len(outcome) == len(many) == 1, list(statements)
+    # Eight runs of one text: one statement, planned once (force_generic_plan), never re-planned.
+    for text in (insert[0], claim[0], outcome[0]):
+        generic, custom = statements[text]
+        assert (generic, custom) == (8, 0), (text[:60], generic, custom)
+    assert Job.objects.filter(state="completed").count() == 8
+
+
+def test_with_the_setting_off_nothing_is_prepared():
+    connection.close()
+    with override_settings(DJANGO_JOBS={"PREPARED_STATEMENTS": False}):
+        drain_one_by_one(3)
+        tasks.noop.enqueue_many(() for _ in range(3))
+    assert prepared() == {}
+    assert Job.objects.filter(state="completed").count() == 3
+
+
+def test_a_rolled_back_first_use_does_not_lose_the_generic_plan_setting():
+    from django.db import transaction
+
+    connection.close()
+    with transaction.atomic():
+        tasks.noop.enqueue()
+        transaction.set_rollback(True)
+    drain_one_by_one(2)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "force_generic_plan"
