@@ -34,6 +34,9 @@ if os.environ.get("JOBS_BENCH_EVENTS") == "0":
 # JOBS_BENCH_PREPARED=0: the same run with the hot statements unprepared (the A/B of preparing).
 if os.environ.get("JOBS_BENCH_PREPARED") == "0":
     DJANGO_JOBS["PREPARED_STATEMENTS"] = False
+# JOBS_BENCH_STRIPPED=1: the features' probes taken out of a plain job's path (benchmarks/stripped.py).
+if os.environ.get("JOBS_BENCH_STRIPPED") == "1":
+    INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.stripped.Stripped"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":

@@ -10,9 +10,10 @@ test process::
         wait_until(lambda: trap.fired)
 
 It frames the PostgreSQL protocol (type byte + int32 length) in both directions, so it can cut
-precisely: once a client query (a simple ``Q``, or the ``P`` of the extended protocol) contains
-an armed trap's pattern, the proxy lets it through and holds back the server's answer from then
-on. Answers ending in ReadyForQuery ``T`` (still inside a transaction) or ``E`` (failed
+precisely: once a client query (a simple ``Q``, or the ``B`` of the extended protocol that runs a
+statement, named or not, whose ``P`` text is remembered per connection: a prepared statement is
+parsed once and then only bound) contains an armed trap's pattern, the proxy lets it through and
+holds back the server's answer from then on. Answers ending in ReadyForQuery ``T`` (still inside a transaction) or ``E`` (failed
 transaction) are passed on, so a transaction goes on to its COMMIT; the first answer ending in
 ReadyForQuery ``I`` (idle: the statement or the transaction is over, committed unless an error
 was seen) is dropped and both sockets are closed. The client sees a lost connection after the
@@ -95,6 +96,9 @@ class _Connection:
         self.error_seen = False
         self.held: list[bytes] = []
         self.closed = False
+        # Parsed statements by name (b"" the unnamed one): a prepared statement's text is sent
+        # once, in its Parse; every later run only names it in a Bind.
+        self.statements: dict[bytes, bytes] = {}
 
     def abort(self) -> None:
         if not self.closed:
@@ -139,8 +143,15 @@ class _Connection:
             head = await self.client_r.readexactly(5)
             (length,) = struct.unpack("!i", head[1:])
             body = await self.client_r.readexactly(length - 4)
-            if head[:1] in (b"Q", b"P"):
-                query = body if head[:1] == b"Q" else body.split(b"\0", 1)[-1]
+            kind, query = head[:1], None
+            if kind == b"P":  # Parse: name \0 query \0 ...; runs nothing until a Bind names it
+                name, rest = body.split(b"\0", 1)
+                self.statements[name] = rest.split(b"\0", 1)[0]
+            elif kind == b"B":  # Bind: portal \0 statement \0 ...; what the Execute after it runs
+                query = self.statements.get(body.split(b"\0", 2)[1], b"")
+            elif kind == b"Q":
+                query = body
+            if query is not None:
                 text = _text(query)
                 if self.trap is not None:
                     self.after.append(text)

@@ -1,0 +1,66 @@
+"""A build of django-jobs with the features' probes taken out of a plain job's hot path, for the
+"pay for what you use" A/B (``benchmarks/plain_ab.py``). Never used outside benchmarks.
+
+Applied (by ``benchmarks/settings.py`` when ``JOBS_BENCH_STRIPPED=1``, in every process of the
+run) it removes, from what a job with no partition, no dedup or idempotency key, no parent and
+no schedule, in a queue with no limit, sends to the database:
+
+* the claim's "skip paused and limited queues" condition (``j.queue NOT IN (SELECT ... FROM
+  django_jobs_queue ...)``) and its "is it this partition's turn" condition;
+* the insert's "this queue has no size limit" guard (a primary-key probe of the queue table).
+
+What is left is what a queue without those features would need anyway: the ready-index walk,
+the lease, the outcome, the events and the metrics. The stripped build is wrong for queues that
+use the features: benchmark plain jobs only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+
+_saved: dict[str, Any] = {}
+
+
+def apply() -> None:
+    from django_jobs import engine
+
+    if _saved:
+        return
+    _saved.update(
+        _claim_statement=engine._claim_statement,
+        _insert_statement=engine._insert_statement,
+        _partition_free=engine._partition_free,
+    )
+    claim, insert = engine._claim_statement, engine._insert_statement
+
+    def plain_claim_statement(d: Any, *, where: list[str], **kwargs: Any) -> tuple[str, list[Any]]:
+        kept = [w for w in where if not w.startswith("j.queue NOT IN (SELECT q.name")]
+        return claim(d, where=kept, **kwargs)
+
+    def plain_insert_statement(d: Any, job: Any, *, wake: bool, once: bool = False, guarded: bool = False) -> Any:
+        return insert(d, job, wake=wake, once=once, guarded=False)
+
+    engine._claim_statement = plain_claim_statement
+    engine._insert_statement = plain_insert_statement
+    engine._partition_free = lambda concurrency: "TRUE"
+
+
+def undo() -> None:
+    from django_jobs import engine
+
+    for name, value in _saved.items():
+        setattr(engine, name, value)
+    _saved.clear()
+
+
+class Stripped(AppConfig):
+    """In INSTALLED_APPS (benchmarks/settings.py, ``JOBS_BENCH_STRIPPED=1``): every process of the
+    run, the worker included, gets the stripped build once the apps are ready."""
+
+    name = "benchmarks"
+    label = "benchmarks_stripped"
+
+    def ready(self) -> None:
+        apply()
