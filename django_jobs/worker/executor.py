@@ -70,7 +70,7 @@ class Attempt:
         "job", "timeout", "deadline", "started", "cancelled", "future", "in_child", "watched", "_lock", "_settled",
     )  # fmt: skip
 
-    def __init__(self, job: ClaimedJob, *, timeout: float | None = None, watched: bool = False):
+    def __init__(self, job: ClaimedJob, *, timeout: float | None = None, watched: bool = False, in_child: bool = False):
         self.job = job
         self.timeout = timeout
         #: Monotonic time the attempt must end by; set by :meth:`start` (None: not started, or
@@ -84,7 +84,7 @@ class Attempt:
         #: An async task's future, so a cancel or timeout can cancel the coroutine.
         self.future: concurrent.futures.Future | None = None
         #: Run by a child process (``--isolation process``), which the worker kills instead.
-        self.in_child = False
+        self.in_child = in_child
         #: A worker delivers cancels to ``cancelled``; otherwise the context asks the database.
         self.watched = watched
         self._lock = threading.Lock()
@@ -156,6 +156,10 @@ class Executor:
         self._run_async = run_async
         self._tasks: dict[tuple[str, str, str, int], Task] = {}
         self._chains: dict[tuple[str, Any], Callable[[JobContext], Any]] = {}
+        # The TaskResult each running attempt was started with, by id() of its ClaimedJob (kept
+        # in the value, so the id cannot be reused meanwhile): task_finished sends that same
+        # result, finished, as Django's backends do, rather than building a second one.
+        self._started: dict[int, tuple[ClaimedJob, TaskResult]] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
         run_after = stored_run_after(job.options)
@@ -195,9 +199,7 @@ class Executor:
             args=job.args,
             kwargs=job.kwargs,
             backend=job.backend,
-            errors=[
-                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in errors
-            ],
+            errors=[_task_error(e) for e in errors],
             worker_ids=list(job.worker_ids),
         )
 
@@ -225,6 +227,7 @@ class Executor:
             return outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
         backend_cls = backend_class(job.backend)
         result = self._result(job, task, TaskResultStatus.RUNNING, job.errors)
+        self._started[id(job)] = (job, result)
         _send(task_started, backend_cls, result)
         try:
             context = JobContext(
@@ -242,18 +245,21 @@ class Executor:
             with running_trace(job.trace_id):
                 value = self.chain_for(job.backend)(context)
             try:
-                check_json(value, "the return value")
-                value_json = json.dumps(value, allow_nan=False)
+                if value is None:  # most tasks return nothing
+                    value_json = "null"
+                else:
+                    check_json(value, "the return value")
+                    value_json = _JSON_ENCODER.encode(value)
             except InvalidTaskArguments as exc:
                 raise NonJSONReturnValue(f"{task.module_path} returned a value that is not JSON: {exc}") from None
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
             if not attempt.settle():
-                return _late(job, f"failed with {exc!r}")
+                return self._late(job, f"failed with {exc!r}")
             return self._failure(job, exc)
         if not attempt.settle():
-            return _late(job, "completed")
+            return self._late(job, "completed")
         return outcome_for(job, state=JobState.COMPLETED, return_value_json=value_json)
 
     def give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
@@ -277,14 +283,22 @@ class Executor:
         job = outcome.job
         if job is None:
             return  # an outcome built outside the executor (tests): no task result to report
-        try:
-            task = self._task_for(job)
-        except Exception:  # noqa: BLE001 - TaskNotFound, or a stored queue the task no longer accepts
-            # Nothing to build a TaskResult from; the outcome itself is recorded on the job.
-            logger.debug("No task_finished for job %s: its task does not resolve.", job.id, exc_info=True)
-            return
-        errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
-        done = self._result(job, task, _STATUS_OF.get(state, TaskResultStatus.READY), errors)
+        status = _STATUS_OF.get(state, TaskResultStatus.READY)
+        started = self._started.pop(id(job), None)
+        if started is not None:
+            done = started[1]
+            object.__setattr__(done, "status", status)
+            if outcome.error is not None:
+                done.errors.append(_task_error(outcome.error))
+        else:  # run in a child process (--isolation process), or given up before it started
+            try:
+                task = self._task_for(job)
+            except Exception:  # noqa: BLE001 - TaskNotFound, or a stored queue the task no longer accepts
+                # Nothing to build a TaskResult from; the outcome itself is recorded on the job.
+                logger.debug("No task_finished for job %s: its task does not resolve.", job.id, exc_info=True)
+                return
+            errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
+            done = self._result(job, task, status, errors)
         if outcome.uncount_attempt:
             object.__setattr__(done, "worker_ids", done.worker_ids[:-1])  # a snooze takes its attempt back
         object.__setattr__(done, "finished_at", outcome.finished_at)
@@ -299,6 +313,20 @@ class Executor:
             raise exc
         except BaseException:  # noqa: BLE001 - re-raised only so receivers see it in exc_info
             _send(task_finished, sender, done)
+
+    def _late(self, job: ClaimedJob, what: str) -> None:
+        logger.warning(
+            "Job %s %s after the worker had given it up (timed out); this late outcome is discarded.", job.id, what
+        )
+        # The give-up's task_finished may have been sent already; if not, it builds its own result.
+        self._started.pop(id(job), None)
+        return None
+
+    def forget(self, outcome: Outcome) -> None:
+        """``outcome`` was not stored (its lease was lost): no task_finished will be sent for it;
+        drop the result it was started with."""
+        if outcome.job is not None:
+            self._started.pop(id(outcome.job), None)
 
     def _invoke(self, context: JobContext) -> Any:
         """The innermost handler of the middleware chain: call the task."""
@@ -402,6 +430,14 @@ _STATUS_OF = {
 }
 
 
+#: json.dumps(value, allow_nan=False) builds this encoder on every call.
+_JSON_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
+def _task_error(error: dict[str, Any]) -> TaskError:
+    return TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
+
+
 def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
     """Send a task signal; a receiver that raises is logged, never fails or repeats the job."""
     for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
@@ -428,13 +464,6 @@ def outcome_for(job: ClaimedJob, **fields: Any) -> Outcome:
         job=job,
         **fields,
     )
-
-
-def _late(job: ClaimedJob, what: str) -> None:
-    logger.warning(
-        "Job %s %s after the worker had given it up (timed out); this late outcome is discarded.", job.id, what
-    )
-    return None
 
 
 def build_middleware_chain(paths: Any, innermost: Callable[[JobContext], Any]) -> Callable[[JobContext], Any]:

@@ -3,8 +3,8 @@
 Threads of one worker process:
 
 * the **producer** (the thread calling :meth:`Worker.run`) claims as many jobs as there are
-  free slots and hands them to the executor threads; when nothing is ready it sleeps until a
-  NOTIFY, a freed slot, or the jittered poll interval;
+  free slots and hands them to the executor threads, a claim at a time (see SPREAD_AFTER); when
+  nothing is ready it sleeps until a NOTIFY, a freed slot, or the jittered poll interval;
 * ``concurrency`` **executor** threads each run one job at a time (async tasks run on a shared
   event loop thread while the executor thread holds their slot);
 * the **completer** writes outcomes in batches, guarded on each job's lease;
@@ -25,14 +25,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
 import random
 import signal
 import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -62,6 +61,12 @@ job_logger = logging.getLogger("django_jobs.worker.jobs")
 #: before it claims, so one claim (a round trip and a commit, about a millisecond) fills several
 #: slots instead of one each; short jobs finish within it, long ones barely notice it.
 CLAIM_LINGER = 0.002
+#: A claim's jobs are handed to one idle executor thread, which runs them one after another:
+#: waking a thread per job cost as much CPU as running a short job. Jobs still waiting for an
+#: executor this long after the last one was taken (the thread is stuck in a longer job) are
+#: spread over the idle threads, so a long job delays the jobs claimed with it by this much at
+#: most, and ``concurrency`` long jobs still run at once.
+SPREAD_AFTER = 0.002
 #: Seconds between reads of which queues have a concurrency or rate limit (see _claim_gated).
 GATED_REFRESH = 1.0
 
@@ -216,10 +221,19 @@ class Worker:
         self._gated: list[str] = []
         self._gated_checked_at = float("-inf")
         self._claim_rounds = 0
-        self._slots = threading.Condition()
-        self._inflight = 0
+        # _slots (the producer waits on it) and _work (idle executor threads wait on it) share
+        # one lock, which also guards the counters and the ready list below.
+        lock = threading.RLock()
+        self._slots = threading.Condition(lock)
+        self._work = threading.Condition(lock)
+        self._inflight = 0  # claimed and not finished: waiting in _ready or running
         self._claimed_total = 0
-        self._jobs: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        # Attempts claimed and not yet taken by an executor thread, oldest first; _ready_moved is
+        # when the list last gained its first attempt or lost one to a thread (see SPREAD_AFTER).
+        self._ready: deque[Attempt] = deque()
+        self._ready_moved = 0.0
+        self._idle = 0  # executor threads waiting on _work
+        self._executors_done = False  # shutdown: executor threads end once idle
         # The leases this worker holds: claim token -> its jobs not yet written or released.
         # Only these are renewed. Tokens of claims whose answer was lost (it may have committed)
         # are in _lost_claims until their jobs are handed back.
@@ -312,13 +326,13 @@ class Worker:
                 break
             with self._slots:
                 while self._inflight >= self.concurrency and not self._stopping.is_set():
-                    self._slots.wait(timeout=1.0)
+                    self._wait_slots(1.0)
                 linger_until = time.monotonic() + CLAIM_LINGER
                 while backlog and self._inflight and not self._stopping.is_set():
                     remaining = linger_until - time.monotonic()
                     if remaining <= 0:
                         break
-                    self._slots.wait(remaining)
+                    self._wait_slots(remaining)
                 free = self.concurrency - self._inflight
             if self._stopping.is_set():
                 break
@@ -345,16 +359,19 @@ class Worker:
             if jobs:
                 with self._held_lock:
                     self._held.update(job.lease_token for job in jobs)
-                with self._slots:
-                    self._inflight += len(jobs)
                 self._claimed_total += len(jobs)
-                attempts = [Attempt(job, timeout=job_timeout(job), watched=True) for job in jobs]
+                in_child = self.isolation == "process"
+                attempts = [Attempt(job, timeout=job_timeout(job), watched=True, in_child=in_child) for job in jobs]
                 with self._attempts_lock:
                     for attempt in attempts:
-                        attempt.in_child = self.isolation == "process"
                         self._attempts[attempt.job.id] = attempt
-                for attempt in attempts:
-                    self._jobs.put(attempt)
+                with self._slots:
+                    self._inflight += len(jobs)
+                    if not self._ready:
+                        self._ready_moved = time.monotonic()
+                    self._ready.extend(attempts)
+                    # One thread for the whole claim; the others only if its jobs turn out long.
+                    self._work.notify()
                 backlog = len(jobs) == free
                 if backlog:
                     continue
@@ -366,7 +383,34 @@ class Worker:
                 timeout = self.sleep * random.uniform(0.75, 1.25)
                 if wake_in is not None:  # a rate limit frees a start then
                     timeout = min(timeout, max(wake_in, 0.001))
+                with self._slots:
+                    timeout = self._until_spread(timeout)
                 self._wake.wait(timeout=timeout)
+                with self._slots:
+                    self._spread()
+
+    def _until_spread(self, timeout: float) -> float:
+        """``timeout``, cut short to when the attempts waiting in _ready are due to be spread
+        over idle executor threads (see SPREAD_AFTER). Called with _slots held."""
+        if not self._ready or not self._idle:
+            return timeout  # no thread to wake: the next one to finish a job takes the next attempt
+        return min(timeout, max(0.0, self._ready_moved + SPREAD_AFTER - time.monotonic()))
+
+    def _spread(self) -> None:
+        """Wake idle executor threads for the attempts that waited SPREAD_AFTER in _ready: the
+        thread running their claim is stuck in a longer job. Called with _slots held."""
+        now = time.monotonic()
+        if self._ready and self._idle and now - self._ready_moved >= SPREAD_AFTER:
+            self._work.notify(min(len(self._ready), self._idle))
+            # Counted as a move: the woken threads count as idle until they run, and the producer
+            # must not spin on waits cut to nothing meanwhile.
+            self._ready_moved = now
+
+    def _wait_slots(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a slot to free (with _slots held), spreading the attempts
+        left waiting for an executor meanwhile: every wait of the producer is a wait of this."""
+        self._slots.wait(self._until_spread(timeout))
+        self._spread()
 
     def _claim(self, free: int) -> tuple[list[Any], float | None]:
         """Claim up to ``free`` jobs: from the queues without limits (one statement) and from the
@@ -519,7 +563,7 @@ class Worker:
     def _wait_idle_then_stop(self) -> None:
         with self._slots:
             while self._inflight and not self._stopping.is_set():
-                self._slots.wait(timeout=0.5)
+                self._wait_slots(0.5)
         logger.info("Worker %s: --max-jobs reached.", self.worker_id)
 
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
@@ -549,18 +593,40 @@ class Worker:
 
     # -- executors --------------------------------------------------------------------------------
 
+    def _next_attempt(self) -> Attempt | None:
+        """The next claimed attempt for this executor thread, waiting while there is none; None
+        once the worker shuts down."""
+        with self._slots:
+            if self._ready:
+                self._ready_moved = time.monotonic()
+                return self._ready.popleft()
+        # Connection housekeeping (as Django does at a request's end) once this thread has run
+        # out of jobs, rather than after each: between the short jobs of one claim it only
+        # repeated itself. An attempt that did not complete has its own (see _execute_loop).
+        close_old_connections()
+        with self._slots:
+            while not self._ready:
+                if self._executors_done:
+                    return None
+                self._idle += 1
+                try:
+                    self._work.wait()
+                finally:
+                    self._idle -= 1
+            self._ready_moved = time.monotonic()
+            return self._ready.popleft()
+
     def _execute_loop(self) -> None:
         verbose = job_logger.isEnabledFor(logging.INFO)
         child: ChildProcess | None = None
         try:
             while True:
-                attempt = self._jobs.get()
+                attempt = self._next_attempt()
                 if attempt is None:
                     return
                 job = attempt.job
-                # Connection housekeeping once per job, after it (as Django does at a request's
-                # end): the one before each job only repeated what the last one's had just done.
                 t0 = time.perf_counter()
+                outcome: engine.Outcome | None = None
                 try:
                     if attempt.in_child:
                         outcome, child = self._run_in_child(attempt, child)
@@ -573,7 +639,10 @@ class Worker:
                     if attempt.settle():
                         outcome = outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
                 finally:
-                    close_old_connections()
+                    # An attempt that did not complete may have left its connection broken: the
+                    # next job must not inherit it (otherwise see _next_attempt).
+                    if outcome is None or outcome.state != JobState.COMPLETED:
+                        close_old_connections()
                     with self._attempts_lock:
                         if self._attempts.get(job.id) is attempt:
                             del self._attempts[job.id]
@@ -748,6 +817,7 @@ class Worker:
         for o in outcomes:
             state = written.get(o.job_id)
             if state is None:
+                self._executor.forget(o)  # another actor won the job (a rescue, a cancel)
                 continue
             try:
                 self._signal_written(o, state)
@@ -771,9 +841,9 @@ class Worker:
         else:
             self.stats.retried += 1
         self._executor.send_finished(o, state)
-        payload = {"job_id": str(o.job_id), "queue": o.queue}
         if state in (JobState.COMPLETED, JobState.FAILED):
             return
+        payload = {"job_id": str(o.job_id), "queue": o.queue}
         if state == JobState.CANCELLED:
             send_job_signal(job_cancelled, self.backend, **payload, was_running=True)
         elif o.uncount_attempt:
@@ -894,7 +964,7 @@ class Worker:
         deadline = time.monotonic() + self.grace
         with self._slots:
             while self._inflight and time.monotonic() < deadline:
-                self._slots.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+                self._wait_slots(min(0.2, max(0.0, deadline - time.monotonic())))
             still_running = self._inflight
         if still_running:
             logger.warning(
@@ -912,13 +982,10 @@ class Worker:
             for child in children:
                 child.kill()
         # Jobs claimed but not started yet are not run: the release below hands them back.
-        while True:
-            try:
-                self._jobs.get_nowait()
-            except queue.Empty:
-                break
-        for _ in range(self.concurrency):  # threads given up by the watchdog end on their own
-            self._jobs.put(None)
+        with self._slots:
+            self._ready.clear()
+            self._executors_done = True  # threads given up by the watchdog end on their own
+            self._work.notify_all()
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
         self._completer.close(timeout=max(5.0, deadline - time.monotonic()))
         self.stats.released = self._release_all()
