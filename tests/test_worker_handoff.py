@@ -3,6 +3,8 @@ spread over the idle ones when a job runs long; one TaskResult per attempt for i
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.tasks.signals import task_finished, task_started
 
@@ -61,3 +63,24 @@ def test_task_finished_sends_the_result_task_started_sent_finished(thread_worker
         assert finished[result.id][1] == status
     assert finished[ok.id][0].return_value == 3
     assert (finished[ok.id][2], finished[bad.id][2]) == (0, 1)
+
+
+def test_the_worker_reports_how_long_finished_jobs_stayed_active(thread_worker, probe):
+    # The completer writes an outcome a few ms after its job ended (bounds kept loose for a
+    # loaded machine); each of the 6 outcomes is counted once.
+    for i in range(6):
+        tasks.sleep_then_mark.enqueue(probe, f"k{i}", 0.05)
+
+    stats = thread_worker(concurrency=2, stop_when_empty=True).join(timeout=30)
+
+    assert stats.completed == 6
+
+    match = re.fullmatch(
+        r"finished jobs were active until their outcome committed for ([\d.]+) ms \(median\), ([\d.]+) ms "
+        r"\(p99\), ([\d.]+) ms at most; at most (\d+) at once",
+        stats.outcome_window,
+    )
+    assert match, stats.outcome_window
+    median, p99, most, at_once = float(match[1]), float(match[2]), float(match[3]), int(match[4])
+    assert 0 < median <= p99 <= most < 1000, stats.outcome_window
+    assert 1 <= at_once <= 6, stats.outcome_window

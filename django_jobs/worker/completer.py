@@ -6,6 +6,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,29 @@ LINGER = 0.003
 FLUSH_AT = 100
 
 
+class OutcomeWindow:
+    """How long finished jobs stay ``active`` in the database because their outcome is still on
+    its way: the most outcomes pending at once (submitted, not yet committed) and the delay from
+    a job's end (its submit) to its outcome's commit. A worker that dies inside this window runs
+    those jobs again. The delays of the last SAMPLES outcomes are kept."""
+
+    SAMPLES = 100_000
+
+    def __init__(self) -> None:
+        self.most_pending = 0
+        self.delays_ms: deque[float] = deque(maxlen=self.SAMPLES)
+
+    def summary(self) -> str:
+        if not self.delays_ms:
+            return "no outcome written"
+        ordered = sorted(self.delays_ms)
+        p50, p99 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.99))
+        return (
+            f"finished jobs were active until their outcome committed for {p50:.1f} ms (median), "
+            f"{p99:.1f} ms (p99), {ordered[-1]:.1f} ms at most; at most {self.most_pending} at once"
+        )
+
+
 class Completer(threading.Thread):
     def __init__(
         self,
@@ -39,7 +63,9 @@ class Completer(threading.Thread):
         self._on_written = on_written
         self._cond = threading.Condition()
         self._pending: list[engine.Outcome] = []
+        self._submitted: list[float] = []  # monotonic submit time of each pending outcome
         self._writing = 0
+        self.window = OutcomeWindow()
         self._closed = False
         self._abandon = False
 
@@ -51,6 +77,8 @@ class Completer(threading.Thread):
                 )
                 return
             self._pending.append(outcome)
+            self._submitted.append(time.monotonic())
+            self.window.most_pending = max(self.window.most_pending, len(self._pending) + self._writing)
             # Wake the completer only when it can act: it waits for a first outcome, or lingers
             # until FLUSH_AT (each wake-up is a thread switch, as costly as a short job).
             if len(self._pending) == 1 or len(self._pending) == FLUSH_AT:
@@ -127,7 +155,9 @@ class Completer(threading.Thread):
                         break
                     self._cond.wait(remaining)
                 batch = self._pending[:MAX_BATCH]
+                submitted = self._submitted[:MAX_BATCH]
                 del self._pending[:MAX_BATCH]
+                del self._submitted[:MAX_BATCH]
                 self._writing = len(batch)
             while True:
                 try:
@@ -151,8 +181,10 @@ class Completer(threading.Thread):
                     except Exception:  # noqa: BLE001
                         pass
                     threading.Event().wait(min(5.0, 0.05 * 2 ** min(failures, 8)) * random.uniform(0.5, 1.0))
+            written_at = time.monotonic()
             with self._cond:
                 self._writing = 0
+                self.window.delays_ms.extend((written_at - t) * 1000 for t in submitted)
                 self._cond.notify_all()
             try:
                 self._on_written(batch, written)

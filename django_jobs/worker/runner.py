@@ -98,6 +98,9 @@ class WorkerStats:
     started_at: float = field(default_factory=time.monotonic)
     stopped_at: float | None = None
     released: int = 0
+    #: What the completer measured of the window in which finished jobs were still active
+    #: (:class:`~django_jobs.worker.completer.OutcomeWindow`); runworker prints it at -v 2.
+    outcome_window: str = ""
 
     @property
     def processed(self) -> int:
@@ -1000,6 +1003,7 @@ class Worker:
         for loop in self._event_loop.loop:  # type: ignore[attr-defined]
             loop.call_soon_threadsafe(loop.stop)
         self.stats.stopped_at = time.monotonic()
+        self.stats.outcome_window = self._completer.window.summary()
         _close_connection(self.using)
         logger.info("Worker %s stopped: %s", self.worker_id, self.stats.summary())
 

@@ -134,6 +134,8 @@ class Command(BaseCommand):
             except WorkerCrashed as exc:
                 raise CommandError(str(exc)) from None
             self.stdout.write(stats.summary())
+            if opts["verbosity"] >= 2 and stats.outcome_window:
+                self.stdout.write(f"Outcome window: {stats.outcome_window}.")
             return
         from ...worker.supervisor import supervise
 
@@ -144,6 +146,8 @@ class Command(BaseCommand):
                 self.stderr.write(f"[process {index}] {exc}")
                 return EXIT_FATAL
             self.stdout.write(f"[process {index}] {stats.summary()}")
+            if opts["verbosity"] >= 2 and stats.outcome_window:
+                self.stdout.write(f"[process {index}] Outcome window: {stats.outcome_window}.")
             return 0
 
         code = supervise(processes, run_child)
