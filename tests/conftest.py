@@ -170,7 +170,7 @@ def read_log(proc: subprocess.Popen) -> str:
 def in_process_command() -> Iterator[Callable[..., str]]:
     """Run runworker in this process (``run(*args)``, its stdout returned) and undo what it
     changes process-wide: the SIGTERM/SIGINT handlers the worker installs and the levels of the
-    django_jobs loggers."""
+    django_jobs and django.tasks loggers."""
     import logging
     import signal
     from io import StringIO
@@ -178,7 +178,7 @@ def in_process_command() -> Iterator[Callable[..., str]]:
     from django.core.management import call_command
 
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    loggers = [logging.getLogger(n) for n in ("django_jobs", "django_jobs.worker.jobs")]
+    loggers = [logging.getLogger(n) for n in ("django_jobs", "django_jobs.worker.jobs", "django.tasks")]
     saved_levels = [lg.level for lg in loggers]
 
     def run(*args: str) -> str:

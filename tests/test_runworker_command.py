@@ -142,3 +142,21 @@ def test_max_time_option_stops_an_idle_process(worker_process):
     assert "--max-time reached" in log
     [(processed, *_)] = SUMMARY_RE.findall(log)
     assert processed == "0"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_djangos_task_log_is_kept_to_warnings_unless_the_project_configures_it(in_process_command):
+    import logging
+
+    from django.test import override_settings
+
+    tasks_logger = logging.getLogger("django.tasks")
+    tasks_logger.setLevel(logging.NOTSET)
+    in_process_command("--stop-when-empty", "-v", "0")
+    assert tasks_logger.level == logging.WARNING, "Django's INFO line per task start and finish is not built"
+
+    tasks_logger.setLevel(logging.NOTSET)
+    configured = {"version": 1, "loggers": {"django.tasks": {"level": "INFO"}}}
+    with override_settings(LOGGING=configured):
+        in_process_command("--stop-when-empty", "-v", "0")
+    assert tasks_logger.level == logging.NOTSET, "a project's own configuration of django.tasks is kept"

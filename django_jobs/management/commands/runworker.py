@@ -7,6 +7,7 @@ import math
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checks import check_worker_processes
@@ -162,3 +163,10 @@ class Command(BaseCommand):
             logger.addHandler(handler)
         logger.setLevel(logging.WARNING if verbosity < 1 else logging.INFO if verbosity < 3 else logging.DEBUG)
         logging.getLogger("django_jobs.worker.jobs").setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)
+        if "django.tasks" not in ((getattr(settings, "LOGGING", None) or {}).get("loggers") or {}):
+            # Django's own receivers log every task start and finish at INFO on "django.tasks".
+            # Its default configuration shows them only with DEBUG on, yet each record was built
+            # and then filtered, about a tenth of the worker's CPU per short job; -v 2 prints our
+            # own line per attempt. Failures (ERROR) still go through. A project that configures
+            # "django.tasks" in LOGGING keeps what it asked for.
+            logging.getLogger("django.tasks").setLevel(logging.WARNING)
