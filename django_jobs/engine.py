@@ -54,29 +54,34 @@ METRIC_TABLE = Metric._meta.db_table
 UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
 
 # Columns returned by a claim, in order; ClaimedJob mirrors them.
+#: What a claim returns of each job: these columns, then its JSON columns as one JSON array
+#: (:func:`_claim_payload`), so the worker decodes one string per job instead of five.
 _CLAIM_COLUMNS = (
     "id",
     "backend",
     "queue",
     "task_path",
-    "args",
-    "kwargs",
     "priority",
     "attempts",
     "max_attempts",
-    "options",
     "lease_token",
     "enqueued_at",
     "started_at",
     "last_attempted_at",
     "available_at",
-    "errors",
-    "worker_ids",
     "seq",
     "parent_id",
     "trace_id",
     "partition_key",
+    "payload",
 )
+_CLAIM_JSON = ("args", "kwargs", "options", "errors", "worker_ids")
+
+
+def _claim_payload(d: Dialect) -> str:
+    if d.pg:
+        return f"jsonb_build_array({', '.join(_CLAIM_JSON)})::text AS payload"
+    return f"json_array({', '.join(f'json({c})' for c in _CLAIM_JSON)}) AS payload"
 
 
 @dataclass(slots=True)
@@ -1591,7 +1596,7 @@ def _claim_statement(
         f"SELECT j.id FROM {JOB_TABLE} j WHERE {ready} AND {' AND '.join(where or ['1 = 1'])} "
         f"ORDER BY j.priority DESC, j.seq, j.id LIMIT %s {d.skip_locked()}"
     )
-    returning = ", ".join(_CLAIM_COLUMNS)
+    returning = ", ".join([*_CLAIM_COLUMNS[:-1], _claim_payload(d)])
     sql = (
         f"UPDATE {JOB_TABLE} SET state = 'active', attempts = attempts + 1, "
         f"lease_token = %s, lease_expires_at = {lease_sql}, worker_id = %s, "
@@ -1823,26 +1828,27 @@ def claim_gated_jobs(
 
 
 def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
-    (jid, backend, queue, path, args, kwargs, prio, attempts, max_attempts, options, token,
-     enq, started, last, avail, errors, worker_ids, seq, parent, trace_id, partition) = row  # fmt: skip
+    (jid, backend, queue, path, prio, attempts, max_attempts, token, enq, started, last, avail, seq, parent,
+     trace_id, partition, payload) = row  # fmt: skip
+    args, kwargs, options, errors, worker_ids = json.loads(payload)
     return ClaimedJob(
         id=d.to_uuid(jid),
         backend=backend,
         queue=queue,
         task_path=path,
-        args=d.to_json(args),
-        kwargs=d.to_json(kwargs),
+        args=args,
+        kwargs=kwargs,
         priority=prio,
         attempts=attempts,
         max_attempts=max_attempts,
-        options=d.to_json(options),
+        options=options,
         lease_token=d.to_uuid(token),
         enqueued_at=d.to_dt(enq),
         started_at=d.to_dt(started),
         last_attempted_at=d.to_dt(last),
         available_at=d.to_dt(avail),
-        errors=d.to_json(errors),
-        worker_ids=d.to_json(worker_ids),
+        errors=errors,
+        worker_ids=worker_ids,
         seq=seq,
         parent_id=d.to_uuid(parent) if parent is not None else None,
         trace_id=trace_id,
