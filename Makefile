@@ -1,4 +1,4 @@
-.PHONY: demo test lint bench bench-peers venv clean
+.PHONY: demo test lint bench bench-peers bench-sqlite venv clean
 
 venv:
 	scripts/bootstrap.sh
@@ -21,6 +21,10 @@ bench: venv
 bench-peers: venv
 	scripts/ensure_postgres.sh
 	.venv/bin/python benchmarks/peers.py --write
+
+# SQLite (a fresh file per measurement, one worker process): no server needed.
+bench-sqlite: venv
+	.venv/bin/python benchmarks/sqlite_figures.py --write
 
 clean:
 	rm -rf .venv example_project/db.sqlite3* .pytest_cache

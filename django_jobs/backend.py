@@ -762,7 +762,7 @@ class JobsBackend(BaseTaskBackend):
         results: list[JobResult] = []
         # JSON of the current chunk only; dropped once it is written.
         rows: list[tuple[str, str]] = []
-        payloads: list[tuple[Any, Any]] = []
+        payloads: list[list[Any]] = []  # [args, kwargs] per job
 
         def write_chunk() -> None:
             inserted = engine.insert_jobs(
@@ -813,8 +813,9 @@ class JobsBackend(BaseTaskBackend):
                 except InvalidTaskArguments as exc:
                     raise type(exc)(f"enqueue_many item {index}: {exc}") from None
                 rows.append((args_json, kwargs_json))
-                # The stored values as the worker will read them back (tuples become lists).
-                payloads.append((json.loads(args_json), json.loads(kwargs_json)))
+                # The stored values as the worker will read them back (tuples become lists, str
+                # subclasses str): one decode for both.
+                payloads.append(json.loads(f"[{args_json},{kwargs_json}]"))
                 if len(rows) == engine.INSERT_CHUNK:
                     write_chunk()
             if rows:

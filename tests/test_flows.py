@@ -339,6 +339,13 @@ def test_a_worker_killed_mid_flow_still_releases_the_parent_exactly_once(worker_
     doomed = worker_process("-c", "4", "--queue", "kids,default", env=SHORT_LEASE)
     others = [worker_process("-c", "4", "--queue", "kids,default", env=SHORT_LEASE) for _ in range(2)]
     wait_until(lambda: len(events(probe, "start")) >= 40, timeout=60, message="the flow to be under way")
+    # Killed while it runs children (on a loaded machine it may start after the others took the
+    # first 40): worker ids are "<host>-<pid>-<random>".
+    wait_until(
+        lambda: Job.objects.filter(state="active", worker_id__contains=f"-{doomed.pid}-").exists(),
+        timeout=60,
+        message="the doomed worker to run children",
+    )
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait(10)
     wait_until(lambda: state(root) == "completed", timeout=120, message="the parent to complete")
