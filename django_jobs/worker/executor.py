@@ -160,6 +160,7 @@ class Executor:
         # in the value, so the id cannot be reused meanwhile): task_finished sends that same
         # result, finished, as Django's backends do, rather than building a second one.
         self._started: dict[int, tuple[ClaimedJob, TaskResult]] = {}
+        self._async_funcs: dict[Any, bool] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
         run_after = stored_run_after(job.options)
@@ -302,8 +303,9 @@ class Executor:
         if outcome.uncount_attempt:
             object.__setattr__(done, "worker_ids", done.worker_ids[:-1])  # a snooze takes its attempt back
         object.__setattr__(done, "finished_at", outcome.finished_at)
-        if state == JobState.COMPLETED and outcome.return_value_json is not None:
-            object.__setattr__(done, "_return_value", json.loads(outcome.return_value_json))
+        value_json = outcome.return_value_json
+        if state == JobState.COMPLETED and value_json is not None and value_json != "null":  # None: as it is
+            object.__setattr__(done, "_return_value", json.loads(value_json))
         sender = backend_class(job.backend)
         exc = outcome.exc
         if exc is None:
@@ -328,13 +330,20 @@ class Executor:
         if outcome.job is not None:
             self._started.pop(id(outcome.job), None)
 
+    def _is_async(self, func: Any) -> bool:
+        """``iscoroutinefunction(func)``, asked once per function (inspect's answer is dear)."""
+        answer = self._async_funcs.get(func)
+        if answer is None:
+            answer = self._async_funcs[func] = iscoroutinefunction(func)
+        return answer
+
     def _invoke(self, context: JobContext) -> Any:
         """The innermost handler of the middleware chain: call the task."""
         result = context.task_result
         task = result.task
         attempt: Attempt = context.attempt_state
         args = [context, *result.args] if task.takes_context else result.args
-        if not iscoroutinefunction(task.func):
+        if not self._is_async(task.func):
             return task.func(*args, **result.kwargs)
         if self._run_async is not None:
             return self._run_async(task.func(*args, **result.kwargs), attempt)
