@@ -55,4 +55,8 @@ def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], paren
             outcome = executor.execute(job, Attempt(job, timeout=job_timeout(job)))
         finally:
             close_old_connections()
+        if outcome is not None:
+            # The worker process sends task_finished (with a result of its own): drop this
+            # process's started result, or every job run here would stay in memory.
+            executor.forget(outcome)
         conn.send(outcome)

@@ -77,7 +77,7 @@ def sqlite_version() -> tuple[int, ...]:
 # -- statements sent thousands of times -----------------------------------------------------
 
 
-def hot_cursor(using: str) -> Any:
+def hot_cursor(using: str, *, generic: bool = False) -> Any:
     """A cursor for the statements every job sends (insert, claim, outcome batch).
 
     On PostgreSQL with ``PREPARED_STATEMENTS`` on (the default): a server-side-binding psycopg
@@ -86,31 +86,35 @@ def hot_cursor(using: str) -> Any:
     batch; the parameters change from call to call, the text does not). Django's own cursors bind
     on the client and never prepare (``prepare_threshold`` is None, for connection poolers). The
     cursor is wrapped like Django's, so error translation, ``execute_wrapper`` and the debug
-    query log see these statements too. Elsewhere, or with the setting off (a PgBouncer older
-    than 1.21 in transaction mode): Django's cursor.
+    query log see these statements too. Elsewhere, with the setting off (a PgBouncer older than
+    1.21 in transaction mode), or once a pooler refused a prepared statement: Django's cursor.
+
+    ``generic`` (the worker's claims and outcome batches): the connection plans prepared
+    statements once (``plan_cache_mode = force_generic_plan``): PostgreSQL's "auto" mode kept
+    re-planning them, a quarter of the server's CPU while draining. Their best plan does not
+    depend on the values (ids, a token, a batch as one JSON array, LIMIT). Not asked for the
+    insert, which runs on the project's own connections, where the setting would also reach its
+    PL/pgSQL functions.
     """
     connection = connections[using]
-    if connection.vendor != "postgresql" or not _prepare_statements():
+    if connection.vendor != "postgresql" or _refused_by_pooler or not _prepare_statements():
         return connection.cursor()
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
-    if raw.prepare_threshold is None:
-        # Django turns psycopg's preparing off (None) for connection poolers; that also ignores
-        # an explicit prepare=True. A threshold never reached keeps Django's own statements
-        # unprepared and lets ours ask for it.
-        raw.prepare_threshold = _NEVER
-    if not getattr(raw, "_django_jobs_generic", False) and not connection.in_atomic_block:
-        # PostgreSQL's "auto" plan cache kept re-planning these statements (custom plans: a
-        # quarter of the server's CPU while draining). Their best plan does not depend on the
-        # values (ids, a token, a batch as one JSON array, LIMIT), so plan them once. Only
-        # prepared statements are affected, and only ours are prepared. Set in autocommit, so
-        # no rolled-back transaction takes it back.
-        with connection.cursor() as cursor:
-            cursor.execute("SET plan_cache_mode = force_generic_plan")
-        raw._django_jobs_generic = True
+    if not hasattr(raw, "prepare_threshold"):  # psycopg2: no server-side binding
+        return connection.cursor()
+    if generic and not getattr(raw, "_django_jobs_generic", False):
+        if connection.get_autocommit() and not connection.in_atomic_block:  # no rollback takes it back
+            with connection.cursor() as cursor:
+                cursor.execute("SET plan_cache_mode = force_generic_plan")
+            raw._django_jobs_generic = True
     return connection._prepare_cursor(_prepared_cursor_class()(raw))
 
 
+#: A pooler refused a prepared statement (it does not keep them across transactions): from
+#: then on this process sends the hot statements unprepared, as Django sends its own.
+_refused_by_pooler = False
 _NEVER = 2**31 - 1
 
 
@@ -129,10 +133,35 @@ def _prepared_cursor_class() -> type:
     global _PREPARED_CURSOR
     if _PREPARED_CURSOR is None:
         import psycopg
+        from psycopg import errors
+
+        refusals = (errors.InvalidSqlStatementName, errors.DuplicatePreparedStatement)
 
         class PreparedCursor(psycopg.Cursor):
             def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True, **kw: Any) -> Any:
-                return super().execute(query, params, prepare=prepare, **kw)
+                global _refused_by_pooler
+                conn = self.connection
+                # Django sets the threshold to None, which also ignores prepare=True; ours are
+                # prepared only for the length of this call, so Django's statements on the same
+                # connection are neither prepared nor counted by psycopg's cache.
+                threshold, conn.prepare_threshold = conn.prepare_threshold, _NEVER
+                try:
+                    return super().execute(query, params, prepare=prepare, **kw)
+                except refusals as exc:
+                    # "prepared statement ... does not exist / already exists": a pooler in
+                    # transaction mode hands each transaction another server connection.
+                    _refused_by_pooler = True
+                    logger.warning(
+                        "The database refused a prepared statement (%s); probably a connection pooler in "
+                        "transaction mode. This process now sends django-jobs' statements unprepared; set "
+                        "DJANGO_JOBS['PREPARED_STATEMENTS'] = False to say so from the start.",
+                        exc,
+                    )
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        raise  # the transaction failed with it: the caller's to retry
+                    return super().execute(query, params, prepare=False, **kw)
+                finally:
+                    conn.prepare_threshold = threshold
 
         _PREPARED_CURSOR = PreparedCursor
     return _PREPARED_CURSOR

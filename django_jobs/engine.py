@@ -25,7 +25,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -560,8 +560,8 @@ def insert_jobs(
     event_data = json.dumps({"task": task_path, "state": state})
     with hot_cursor(using) as cursor:
         _admit(cursor, d, queue, {partition: len(rows)}, batch_before=position)
-        for start in range(0, len(rows), per_statement):
-            part = rows[start : start + per_statement]
+        for start, stop in _chunks(rows, per_statement, _CHUNK_JSON_CHARS if d.pg else None):
+            part = rows[start:stop]
             params: list[Any] = []
             if d.pg:
                 params.append(_json_rows(ids, part, start, seq, step * position, step))
@@ -594,6 +594,27 @@ def insert_jobs(
         if partition is not None:
             _unblock_heads(cursor, d, {(queue, partition)})
     return InsertedJobs(ids, enqueued_at)
+
+
+#: Most characters of JSON in one chunk of :func:`insert_jobs` on PostgreSQL, whose rows travel
+#: as one jsonb value (at most 256 MiB): 500 jobs of a MAX_PAYLOAD_BYTES of 1 MiB would not fit.
+#: 32 Mi characters are 128 MiB of UTF-8 at most.
+_CHUNK_JSON_CHARS = 32 * 1024 * 1024
+
+
+def _chunks(rows: list[tuple[str, str]], most: int, most_chars: int | None) -> Iterator[tuple[int, int]]:
+    """(start, stop) of consecutive chunks of ``rows``: at most ``most`` rows, and at most
+    ``most_chars`` characters of JSON (a lone larger row still makes a chunk)."""
+    start = 0
+    while start < len(rows):
+        stop, size = start, 0
+        while stop < len(rows) and stop - start < most:
+            size += len(rows[stop][0]) + len(rows[stop][1])
+            if most_chars is not None and size > most_chars and stop > start:
+                break
+            stop += 1
+        yield start, stop
+        start = stop
 
 
 def _json_rows(ids: list[uuid.UUID], part: list[tuple[str, str]], start: int, seq: int, offset: int, step: int) -> str:
@@ -1639,7 +1660,7 @@ def _queue_scope(d: Dialect, queues: list[str] | None, backend: str | None) -> t
 
 
 def _run_claim(d: Dialect, using: str, sql: str, params: list[Any]) -> list[ClaimedJob]:
-    with _sqlite_atomic(d), hot_cursor(using) as cursor:
+    with _sqlite_atomic(d), hot_cursor(using, generic=True) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
         jobs = [_claimed(d, row) for row in rows]
@@ -2005,7 +2026,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     flows = any(o.has_parent for o in outcomes)
     # SQLite writes the events and metrics with more statements: one transaction with them.
     with transaction.atomic(using=using) if flows or not d.pg else contextlib.nullcontext():
-        with hot_cursor(using) as cursor:
+        with hot_cursor(using, generic=True) as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
             if not d.pg:

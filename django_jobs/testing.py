@@ -290,6 +290,8 @@ def _run(job: engine.ClaimedJob, using: str, counts: DrainResult) -> None:
     state = written.get(job.id)
     if state is not None:
         _executor().send_finished(outcome, state)  # after the write, as a worker sends it
+    else:
+        _executor().forget(outcome)  # not stored: no task_finished, drop its started result
     if state == JobState.COMPLETED:
         counts.completed += 1
     elif state == JobState.FAILED:

@@ -42,10 +42,12 @@ def test_the_hot_statements_are_prepared_once_and_planned_generically():
     outcome = [s for s in statements if "jsonb_array_elements" in s and "UPDATE django_jobs_job" in s]
     many = [s for s in statements if "jsonb_array_elements" in s and "INSERT INTO django_jobs_job" in s]
     assert len(insert) == len(claim) == len(outcome) == len(many) == 1, list(statements)
-    # Eight runs of one text: one statement, planned once (force_generic_plan), never re-planned.
-    for text in (insert[0], claim[0], outcome[0]):
+    # Eight runs of one text: one statement; the worker's claim and outcome batch planned once
+    # (force_generic_plan), never re-planned.
+    for text in (claim[0], outcome[0]):
         generic, custom = statements[text]
         assert (generic, custom) == (8, 0), (text[:60], generic, custom)
+    assert sum(statements[insert[0]]) == 8
     assert Job.objects.filter(state="completed").count() == 8
 
 
@@ -58,14 +60,44 @@ def test_with_the_setting_off_nothing_is_prepared():
     assert Job.objects.filter(state="completed").count() == 3
 
 
-def test_a_rolled_back_first_use_does_not_lose_the_generic_plan_setting():
+def test_the_generic_plan_setting_is_set_by_the_worker_statements_in_autocommit_only():
     from django.db import transaction
 
     connection.close()
-    with transaction.atomic():
+    with transaction.atomic():  # a claim inside a transaction that rolls back does not set it
         tasks.noop.enqueue()
+        engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w", lease_seconds=30)
         transaction.set_rollback(True)
+    tasks.noop.enqueue()  # nor does an insert, which runs on the project's connections
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "auto"
     drain_one_by_one(2)
     with connection.cursor() as cursor:
         cursor.execute("SHOW plan_cache_mode")
         assert cursor.fetchone()[0] == "force_generic_plan"
+
+
+def test_djangos_own_statements_stay_unprepared_and_uncounted():
+    connection.close()
+    drain_one_by_one(2)
+    raw = connection.connection
+    assert raw.prepare_threshold is None, "Django's setting is back after each of ours"
+    for _ in range(6):
+        Job.objects.filter(state="completed").count()  # Django's cursor: never prepared
+    texts = prepared()
+    assert not [t for t in texts if "__count" in t], list(texts)
+
+
+def test_a_pooler_refusing_prepared_statements_makes_the_process_send_them_unprepared(monkeypatch, caplog):
+    from django_jobs import db
+
+    connection.close()
+    drain_one_by_one(1)  # the claim and the outcome batch are prepared on this connection
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # what a pooler's next server connection looks like
+    monkeypatch.setattr(db, "_refused_by_pooler", False)
+    drain_one_by_one(2)  # the claim refused ("does not exist"), sent again unprepared: it runs
+    assert db._refused_by_pooler is True
+    assert "refused a prepared statement" in caplog.text
+    assert Job.objects.filter(state="completed").count() == 3

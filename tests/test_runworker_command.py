@@ -152,11 +152,16 @@ def test_djangos_task_log_is_kept_to_warnings_unless_the_project_configures_it(i
 
     tasks_logger = logging.getLogger("django.tasks")
     tasks_logger.setLevel(logging.NOTSET)
-    in_process_command("--stop-when-empty", "-v", "0")
-    assert tasks_logger.level == logging.WARNING, "Django's INFO line per task start and finish is not built"
-
-    tasks_logger.setLevel(logging.NOTSET)
-    configured = {"version": 1, "loggers": {"django.tasks": {"level": "INFO"}}}
-    with override_settings(LOGGING=configured):
+    with override_settings(LOGGING={}):  # Django's defaults only
         in_process_command("--stop-when-empty", "-v", "0")
-    assert tasks_logger.level == logging.NOTSET, "a project's own configuration of django.tasks is kept"
+        assert tasks_logger.level == logging.WARNING, "Django's INFO line per task start and finish is not built"
+
+    for configured in (
+        {"version": 1, "loggers": {"django.tasks": {"level": "INFO"}}},
+        {"version": 1, "loggers": {"django": {"level": "INFO"}}},
+        {"version": 1, "root": {"level": "INFO"}},
+    ):
+        tasks_logger.setLevel(logging.NOTSET)
+        with override_settings(LOGGING=configured):
+            in_process_command("--stop-when-empty", "-v", "0")
+            assert tasks_logger.level != logging.WARNING, f"a project's own logging configuration is kept: {configured}"

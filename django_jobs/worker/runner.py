@@ -600,14 +600,6 @@ class Worker:
         """The next claimed attempt for this executor thread, waiting while there is none; None
         once the worker shuts down."""
         with self._slots:
-            if self._ready:
-                self._ready_moved = time.monotonic()
-                return self._ready.popleft()
-        # Connection housekeeping (as Django does at a request's end) once this thread has run
-        # out of jobs, rather than after each: between the short jobs of one claim it only
-        # repeated itself. An attempt that did not complete has its own (see _execute_loop).
-        close_old_connections()
-        with self._slots:
             while not self._ready:
                 if self._executors_done:
                     return None
@@ -642,10 +634,10 @@ class Worker:
                     if attempt.settle():
                         outcome = outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
                 finally:
-                    # An attempt that did not complete may have left its connection broken: the
-                    # next job must not inherit it (otherwise see _next_attempt).
-                    if outcome is None or outcome.state != JobState.COMPLETED:
-                        close_old_connections()
+                    # Connection housekeeping after each job, as Django does at a request's end:
+                    # the next job must not inherit a connection this one left in a transaction,
+                    # broken, or past CONN_MAX_AGE (about a microsecond when there is none).
+                    close_old_connections()
                     with self._attempts_lock:
                         if self._attempts.get(job.id) is attempt:
                             del self._attempts[job.id]
@@ -761,6 +753,10 @@ class Worker:
         kills the child.)"""
         while not self._maintenance_done.wait(0.05):
             now = time.monotonic()
+            with self._slots:
+                # Also here, not only at the producer's waits: the producer may be held in a
+                # slow claim or a database outage while claimed jobs wait behind a long one.
+                self._spread()
             with self._attempts_lock:
                 due = [
                     a

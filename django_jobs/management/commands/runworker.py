@@ -163,10 +163,19 @@ class Command(BaseCommand):
             logger.addHandler(handler)
         logger.setLevel(logging.WARNING if verbosity < 1 else logging.INFO if verbosity < 3 else logging.DEBUG)
         logging.getLogger("django_jobs.worker.jobs").setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)
-        if "django.tasks" not in ((getattr(settings, "LOGGING", None) or {}).get("loggers") or {}):
+        if _default_task_logging():
             # Django's own receivers log every task start and finish at INFO on "django.tasks".
             # Its default configuration shows them only with DEBUG on, yet each record was built
             # and then filtered, about a tenth of the worker's CPU per short job; -v 2 prints our
-            # own line per attempt. Failures (ERROR) still go through. A project that configures
-            # "django.tasks" in LOGGING keeps what it asked for.
+            # own line per attempt. Failures (ERROR) still go through.
             logging.getLogger("django.tasks").setLevel(logging.WARNING)
+
+
+def _default_task_logging() -> bool:
+    """True unless the project configures the logging of "django.tasks": in LOGGING, through
+    that logger, "django", or the root logger, or with a LOGGING_CONFIG of its own."""
+    if getattr(settings, "LOGGING_CONFIG", "logging.config.dictConfig") != "logging.config.dictConfig":
+        return False
+    config = getattr(settings, "LOGGING", None) or {}
+    loggers = config.get("loggers") or {}
+    return not ("root" in config or any(name in loggers for name in ("django.tasks", "django", "")))
