@@ -2041,15 +2041,19 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
         )
         with transaction.atomic(using=using):
             settle_dependencies(using=using, finished=ended, now=now)
-    stored_now = {d.to_uuid(r[0]) for r in rows}
-    missing = [o for o in outcomes if o.job_id not in stored_now]
+    row_of = {d.to_uuid(r[0]): r for r in rows}
+    missing = [o for o in outcomes if o.job_id not in row_of] if len(row_of) < len(outcomes) else []
     if missing:
-        rows = rows + _written_before(d, using, missing)
-    written = {d.to_uuid(r[0]): r[2] for r in rows}
-    for r in rows:
-        by_id[d.to_uuid(r[0])].finished_at = d.to_dt(r[7])
+        earlier = _written_before(d, using, missing)
+        rows = rows + earlier
+        row_of.update((d.to_uuid(r[0]), r) for r in earlier)
+    written: dict[uuid.UUID, str] = {}
     for o in outcomes:
-        if o.job_id not in written:
+        r = row_of.get(o.job_id)
+        if r is not None:
+            written[o.job_id] = r[2]
+            o.finished_at = d.to_dt(r[7])
+        else:
             logger.warning(
                 "Dropped the %s outcome of job %s: it is no longer active under this lease "
                 "(rescued, cancelled or released meanwhile).",

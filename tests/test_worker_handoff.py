@@ -84,3 +84,34 @@ def test_the_worker_reports_how_long_finished_jobs_stayed_active(thread_worker, 
     median, p99, most, at_once = float(match[1]), float(match[2]), float(match[3]), int(match[4])
     assert 0 < median <= p99 <= most < 1000, stats.outcome_window
     assert 1 <= at_once <= 6, stats.outcome_window
+
+
+def test_the_producer_claims_nothing_more_while_the_completer_is_behind(thread_worker, monkeypatch):
+    # Finished jobs stay active until their outcome is written. A completer that cannot write
+    # (a reconnect, a slow database) must not let the producer go on claiming: the jobs that
+    # would run again if the worker died then stay bounded by OUTCOME_BACKLOG.
+    import threading
+    import time
+
+    from django_jobs import engine
+    from django_jobs.worker import runner
+
+    monkeypatch.setattr(runner, "OUTCOME_BACKLOG", 10)
+    gate = threading.Event()
+    write = engine.record_outcomes
+
+    def stalled(outcomes, **kwargs):
+        gate.wait(30)
+        return write(outcomes, **kwargs)
+
+    monkeypatch.setattr(engine, "record_outcomes", stalled)
+    ids = [tasks.noop.enqueue().id for _ in range(100)]
+    worker = thread_worker(concurrency=4, stop_when_empty=True)
+    time.sleep(1.5)
+    held = Job.objects.filter(state="active").count()
+    gate.set()
+    stats = worker.join(timeout=60)
+
+    assert 10 <= held <= 10 + 2 * 4, f"{held} jobs active while no outcome could be written"
+    assert stats.completed == 100
+    assert Job.objects.filter(id__in=ids, state="completed").count() == 100

@@ -88,6 +88,18 @@ class Completer(threading.Thread):
         with self._cond:
             return len(self._pending) + self._writing
 
+    def wait_below(self, limit: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until fewer than ``limit`` outcomes are pending (or the
+        completer is closed); True when they are."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._pending) + self._writing >= limit and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
     def close(self, timeout: float) -> None:
         """Write everything submitted so far (up to ``timeout`` seconds), then stop."""
         with self._cond:

@@ -67,6 +67,9 @@ CLAIM_LINGER = 0.002
 #: spread over the idle threads, so a long job delays the jobs claimed with it by this much at
 #: most, and ``concurrency`` long jobs still run at once.
 SPREAD_AFTER = 0.002
+#: Most outcomes waiting for the completer before the producer stops claiming (see _produce):
+#: above what a healthy drain keeps pending (80 at most with -c 8, docs/benchmarks.md).
+OUTCOME_BACKLOG = 200
 #: Seconds between reads of which queues have a concurrency or rate limit (see _claim_gated).
 GATED_REFRESH = 1.0
 
@@ -339,6 +342,11 @@ class Worker:
                 free = self.concurrency - self._inflight
             if self._stopping.is_set():
                 break
+            # Finished jobs stay active until the completer writes their outcome: while it is
+            # behind (a reconnect, a slow database) claim nothing more, so that window holds at
+            # most OUTCOME_BACKLOG jobs (plus those running) rather than growing with each claim.
+            if not self._completer.wait_below(OUTCOME_BACKLOG, timeout=1.0):
+                continue
             if self.max_jobs is not None:
                 free = min(free, self.max_jobs - self._claimed_total)
                 if free <= 0:
