@@ -67,6 +67,18 @@ CLAIM_LINGER = 0.002
 #: spread over the idle threads, so a long job delays the jobs claimed with it by this much at
 #: most, and ``concurrency`` long jobs still run at once.
 SPREAD_AFTER = 0.002
+#: A worker holds up to ``concurrency * prefetch`` claimed jobs (running and waiting for a
+#: thread) while its jobs run shorter than this on average, so one claim feeds several rounds of
+#: short jobs (a claim costs a round trip and a commit); with longer jobs it claims only for free
+#: threads. See Worker(prefetch=...).
+SHORT_JOB = 0.005
+#: Claimed jobs that waited this long for a thread while every thread was busy (the jobs turned
+#: out long) are handed back to the queue for other workers, and prefetching stops until jobs
+#: are short again.
+PREFETCH_HOLD = 0.1
+#: The default of Worker(prefetch=...) and runworker --prefetch, and its upper bound.
+DEFAULT_PREFETCH = 4
+MAX_PREFETCH = 100
 #: Most outcomes waiting for the completer before the producer stops claiming (see _produce):
 #: above what a healthy drain keeps pending (80 at most with -c 8, docs/benchmarks.md).
 OUTCOME_BACKLOG = 200
@@ -160,6 +172,7 @@ class Worker:
         worker_id: str | None = None,
         handle_signals: bool = False,
         isolation: str = "thread",
+        prefetch: int = DEFAULT_PREFETCH,
     ):
         from django.tasks import task_backends
         from django.tasks.exceptions import InvalidTaskBackend
@@ -184,6 +197,7 @@ class Worker:
         if queues is not None and not queues:
             raise InvalidWorkerOption("queues must name at least one queue, or be None/'*' for all.")
         _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
         if max_jobs is not None:
             _require_int("max_jobs", max_jobs, 1, None)
         if max_time is not None:
@@ -201,6 +215,7 @@ class Worker:
         self.using = self.settings.DATABASE
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.stop_when_empty = stop_when_empty
         self.max_jobs = max_jobs
         self.max_time = max_time
@@ -233,6 +248,13 @@ class Worker:
         self._slots = threading.Condition(lock)
         self._work = threading.Condition(lock)
         self._inflight = 0  # claimed and not finished: waiting in _ready or running
+        # _finish wakes the producer once _inflight is down to this (what it waits for).
+        self._want = concurrency - 1
+        # Moving average of how long a job took on an executor thread (None: none ran yet): the
+        # producer prefetches while it is under SHORT_JOB.
+        self._run_avg: float | None = None
+        # Attempts taken out of _ready after PREFETCH_HOLD, for the producer to hand back.
+        self._stale: list[Attempt] = []
         self._claimed_total = 0
         # Attempts claimed and not yet taken by an executor thread, oldest first; _ready_moved is
         # when the list last gained its first attempt or lost one to a thread (see SPREAD_AFTER).
@@ -331,20 +353,27 @@ class Worker:
                 logger.info("Worker %s: --max-time reached.", self.worker_id)
                 break
             with self._slots:
-                while self._inflight >= self.concurrency and not self._stopping.is_set():
-                    self._wait_slots(1.0)
+                while self._inflight >= self._cap() and not self._stale and not self._stopping.is_set():
+                    self._wait_slots(1.0, self._cap() - 1)
+                # After a claim that filled every slot, wait a little for running jobs to end
+                # (all of them; while prefetching, those beyond one per thread) and claim once.
                 linger_until = time.monotonic() + CLAIM_LINGER
-                while backlog and self._inflight and not self._stopping.is_set():
+                low = self.concurrency if self._cap() > self.concurrency else 0
+                while backlog and self._inflight > low and not self._stopping.is_set():
                     remaining = linger_until - time.monotonic()
                     if remaining <= 0:
                         break
-                    self._wait_slots(remaining)
-                free = self.concurrency - self._inflight
+                    self._wait_slots(remaining, low)
+                free = self._cap() - self._inflight
+                threads_free = self.concurrency - self._inflight
             if self._stopping.is_set():
                 break
+            if self._stale:
+                self._hand_back_stale()
+                continue
             # Finished jobs stay active until the completer writes their outcome: while it is
             # behind (a reconnect, a slow database) claim nothing more, so that window holds at
-            # most OUTCOME_BACKLOG jobs (plus those running) rather than growing with each claim.
+            # most OUTCOME_BACKLOG jobs (plus one claim's) rather than growing with each claim.
             if not self._completer.wait_below(OUTCOME_BACKLOG, timeout=1.0):
                 continue
             if self.max_jobs is not None:
@@ -358,7 +387,7 @@ class Worker:
             try:
                 if self._lost_claims:
                     self._release_lost_claims()  # first: their jobs may be the next to run
-                jobs, wake_in = self._claim(free)
+                jobs, wake_in = self._claim(free, threads_free)
                 failures = 0
             except DatabaseError as exc:
                 if not is_transient(exc):
@@ -400,34 +429,89 @@ class Worker:
                 with self._slots:
                     self._spread()
 
+    def _cap(self) -> int:
+        """How many claimed jobs the worker may hold now (see SHORT_JOB)."""
+        avg = self._run_avg
+        if avg is not None and avg < SHORT_JOB:
+            return self.concurrency * self.prefetch
+        return self.concurrency
+
     def _until_spread(self, timeout: float) -> float:
         """``timeout``, cut short to when the attempts waiting in _ready are due to be spread
-        over idle executor threads (see SPREAD_AFTER). Called with _slots held."""
-        if not self._ready or not self._idle:
-            return timeout  # no thread to wake: the next one to finish a job takes the next attempt
-        return min(timeout, max(0.0, self._ready_moved + SPREAD_AFTER - time.monotonic()))
+        over idle executor threads (see SPREAD_AFTER), or handed back when no thread is idle
+        (see PREFETCH_HOLD). Called with _slots held."""
+        if not self._ready:
+            return timeout
+        wait = SPREAD_AFTER if self._idle else PREFETCH_HOLD
+        return min(timeout, max(0.0, self._ready_moved + wait - time.monotonic()))
 
     def _spread(self) -> None:
         """Wake idle executor threads for the attempts that waited SPREAD_AFTER in _ready: the
-        thread running their claim is stuck in a longer job. Called with _slots held."""
+        thread running their claim is stuck in a longer job. With no thread idle, attempts that
+        waited PREFETCH_HOLD go to _stale, for the producer to hand back. Called with _slots held."""
+        if not self._ready:
+            return
         now = time.monotonic()
-        if self._ready and self._idle and now - self._ready_moved >= SPREAD_AFTER:
-            self._work.notify(min(len(self._ready), self._idle))
-            # Counted as a move: the woken threads count as idle until they run, and the producer
-            # must not spin on waits cut to nothing meanwhile.
-            self._ready_moved = now
+        if self._idle:
+            if now - self._ready_moved >= SPREAD_AFTER:
+                self._work.notify(min(len(self._ready), self._idle))
+                # Counted as a move: the woken threads count as idle until they run, and the
+                # producer must not spin on waits cut to nothing meanwhile.
+                self._ready_moved = now
+        elif now - self._ready_moved >= PREFETCH_HOLD:
+            self._stale += self._ready
+            self._inflight -= len(self._ready)
+            self._claimed_total -= len(self._ready)
+            self._ready.clear()
+            self._run_avg = max(self._run_avg or 0.0, PREFETCH_HOLD)  # no prefetching for now
+            self._slots.notify()
+            self._wake.set()
 
-    def _wait_slots(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for a slot to free (with _slots held), spreading the attempts
-        left waiting for an executor meanwhile: every wait of the producer is a wait of this."""
+    def _wait_slots(self, timeout: float, want: int) -> None:
+        """Wait up to ``timeout`` for running jobs to end until ``want`` are left (with _slots
+        held), spreading the attempts left waiting for an executor meanwhile: every wait of the
+        producer is a wait of this."""
+        self._want = want
         self._slots.wait(self._until_spread(timeout))
         self._spread()
 
-    def _claim(self, free: int) -> tuple[list[Any], float | None]:
+    def _hand_back_stale(self) -> None:
+        """Release the claimed jobs that waited too long for a thread (producer thread); on a
+        transient database error they are tried again next round."""
+        with self._slots:
+            stale, self._stale = self._stale, []
+        try:
+            released = engine.release_jobs(
+                using=self.using, worker_id=self.worker_id, job_ids=[a.job.id for a in stale]
+            )
+        except DatabaseError as exc:
+            if not is_transient(exc):
+                raise _crashed("handing back prefetched jobs", exc) from exc
+            with self._slots:
+                self._stale += stale
+            return
+        with self._attempts_lock:
+            for a in stale:
+                if self._attempts.get(a.job.id) is a:
+                    del self._attempts[a.job.id]
+        with self._held_lock:
+            self._held.subtract(a.job.lease_token for a in stale)
+            for token in {a.job.lease_token for a in stale}:
+                if self._held[token] <= 0:
+                    del self._held[token]
+        logger.info(
+            "Worker %s: handed %d claimed job(s) back; they waited %gs for a thread behind longer jobs.",
+            self.worker_id,
+            released,
+            PREFETCH_HOLD,
+        )
+
+    def _claim(self, free: int, threads_free: int) -> tuple[list[Any], float | None]:
         """Claim up to ``free`` jobs: from the queues without limits (one statement) and from the
-        limited ones (each under its lock), the limited ones first every other round so a busy
-        unlimited queue cannot starve them. Jobs already claimed are kept when the second step
-        meets a transient database error (it is retried next round)."""
+        limited ones (each under its lock, and only for free threads: a limited queue's jobs are
+        not prefetched), the limited ones first every other round so a busy unlimited queue
+        cannot starve them. Jobs already claimed are kept when the second step meets a transient
+        database error (it is retried next round)."""
 
         def fast(n: int) -> tuple[list[Any], float | None]:
             token = self._new_claim_token()
@@ -448,10 +532,11 @@ class Worker:
         jobs: list[Any] = []
         wake: float | None = None
         for step in steps:
-            if len(jobs) >= free:
-                break
+            n = (free if step is fast else min(free, threads_free)) - len(jobs)
+            if n <= 0:
+                continue
             try:
-                got, wake_in = step(free - len(jobs))
+                got, wake_in = step(n)
             except DatabaseError as exc:
                 self._keep_claimed(jobs, exc)
                 break
@@ -574,7 +659,7 @@ class Worker:
     def _wait_idle_then_stop(self) -> None:
         with self._slots:
             while self._inflight and not self._stopping.is_set():
-                self._wait_slots(0.5)
+                self._wait_slots(0.5, 0)
         logger.info("Worker %s: --max-jobs reached.", self.worker_id)
 
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
@@ -642,6 +727,9 @@ class Worker:
                     if attempt.settle():
                         outcome = outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
                 finally:
+                    took = time.perf_counter() - t0
+                    avg = self._run_avg
+                    self._run_avg = took if avg is None else avg + (took - avg) * 0.2
                     # Connection housekeeping after each job, as Django does at a request's end:
                     # the next job must not inherit a connection this one left in a transaction,
                     # broken, or past CONN_MAX_AGE (about a microsecond when there is none).
@@ -663,7 +751,7 @@ class Worker:
                         outcome.state,
                         job.attempts,
                         job.max_attempts,
-                        (time.perf_counter() - t0) * 1000,
+                        took * 1000,
                     )
                 self._finish(outcome)
         finally:
@@ -675,10 +763,9 @@ class Worker:
         self._completer.submit(outcome)
         with self._slots:
             self._inflight -= 1
-            # Only the producer waits on _slots: for a first free slot, or (lingering, shutting
-            # down, --max-jobs) for all of them. Waking it for each job would cost a thread
-            # switch per job.
-            if self._inflight == self.concurrency - 1 or not self._inflight:
+            # Only the producer waits on _slots, for _inflight to come down to _want: waking it
+            # for each job would cost a thread switch per job.
+            if self._inflight <= self._want:
                 self._slots.notify()
 
     def _run_in_child(
@@ -971,7 +1058,7 @@ class Worker:
         deadline = time.monotonic() + self.grace
         with self._slots:
             while self._inflight and time.monotonic() < deadline:
-                self._wait_slots(min(0.2, max(0.0, deadline - time.monotonic())))
+                self._wait_slots(min(0.2, max(0.0, deadline - time.monotonic())), 0)
             still_running = self._inflight
         if still_running:
             logger.warning(

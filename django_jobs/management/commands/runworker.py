@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checks import check_worker_processes
 from ...exceptions import JobsError, WorkerCrashed
-from ...worker.runner import MAX_WAIT_SECONDS
+from ...worker.runner import DEFAULT_PREFETCH, MAX_WAIT_SECONDS
 from ...worker.supervisor import EXIT_FATAL
 
 
@@ -77,6 +77,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--worker-id", default=None, help="Worker id: 1-200 printable characters (default host-pid-random)."
         )
+        parser.add_argument(
+            "--prefetch",
+            default=str(DEFAULT_PREFETCH),
+            help=f"While jobs are short, hold up to concurrency x N claimed jobs (1: only one per thread). "
+            f"Default {DEFAULT_PREFETCH}.",
+        )
         parser.add_argument("--backend", default="default", help="Alias in TASKS. Default 'default'.")
         parser.add_argument(
             "--isolation",
@@ -95,6 +101,7 @@ class Command(BaseCommand):
             if not queues:
                 raise CommandError("--queue needs at least one queue name (or '*').")
         concurrency = _int("concurrency", opts["concurrency"], 1)
+        prefetch = _int("prefetch", opts["prefetch"], 1)
         processes = _int("processes", opts["processes"], 1)
         max_jobs = _int("max-jobs", opts["max_jobs"], 1) if opts["max_jobs"] is not None else None
         max_time = _seconds("max-time", opts["max_time"]) if opts["max_time"] is not None else None
@@ -120,6 +127,7 @@ class Command(BaseCommand):
                     worker_id=worker_id,
                     handle_signals=handle_signals,
                     isolation=opts["isolation"],
+                    prefetch=prefetch,
                 )
             except JobsError as exc:
                 raise CommandError(str(exc)) from None
