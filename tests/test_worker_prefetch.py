@@ -11,8 +11,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
+import django_jobs
 from django_jobs.models import Event, Job
-from django_jobs.worker import Worker
+from django_jobs.worker import Worker, runner
 from django_jobs.worker.runner import InvalidWorkerOption
 from tests import tasks
 from tests.tasks import read_records
@@ -64,8 +65,10 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_jobs_claimed_behind_a_long_one_go_back_to_the_queue(thread_worker, probe):
-    # Short jobs first, so the worker measures its jobs as short and prefetches.
+def test_jobs_claimed_behind_a_long_one_go_back_to_the_queue(thread_worker, probe, monkeypatch):
+    # Short jobs first, so the worker measures its jobs as short and prefetches (a generous
+    # SHORT_JOB: a slow machine's first jobs must not keep the average above it).
+    monkeypatch.setattr(runner, "SHORT_JOB", 0.5)
     warm = [tasks.mark.enqueue(probe, f"warm{i}").id for i in range(5)]
     first = thread_worker(concurrency=1, prefetch=4, worker_id="first")
     wait_for(lambda: Job.objects.filter(id__in=warm, state="completed").count() == 5)
@@ -90,6 +93,72 @@ def test_jobs_claimed_behind_a_long_one_go_back_to_the_queue(thread_worker, prob
     first.stop()
     second.stop()
     assert first.error is None and second.error is None
+
+
+def test_a_limited_queue_is_not_starved_by_prefetched_jobs(thread_worker, probe):
+    # Jobs of a limited queue are claimed for threads not running a job: while the unlimited
+    # queue's backlog keeps the worker full of prefetched jobs, they must still get their turn.
+    django_jobs.queue("limited").set_concurrency(1)
+    backlog = [tasks.sleep_then_mark.enqueue(probe, f"b{i}", 0.002).id for i in range(400)]
+    limited = [tasks.sleep_then_mark.using(queue_name="limited").enqueue(probe, f"l{i}", 0.0).id for i in range(5)]
+
+    thread_worker(concurrency=2, prefetch=4, stop_when_empty=True).join(timeout=120)
+
+    last_backlog = max(Job.objects.filter(id__in=backlog).values_list("finished_at", flat=True))
+    last_limited = max(Job.objects.filter(id__in=limited).values_list("finished_at", flat=True))
+    assert Job.objects.filter(id__in=[*backlog, *limited], state="completed").count() == 405
+    assert last_limited < last_backlog, "the limited queue waited for the whole backlog"
+
+
+def test_max_jobs_counts_exactly_with_prefetch(thread_worker, probe):
+    ids = [tasks.mark.enqueue(probe, f"k{i}").id for i in range(40)]
+
+    stats = thread_worker(concurrency=2, prefetch=4, max_jobs=11).join(timeout=60)
+
+    assert stats.completed == 11
+    assert Job.objects.filter(id__in=ids, state="completed").count() == 11
+    assert Job.objects.filter(id__in=ids, state="waiting", attempts=0).count() == 29
+
+
+def test_a_prefetched_job_cancelled_while_it_waits_ends_cancelled_without_running(thread_worker, probe, monkeypatch):
+    monkeypatch.setattr(runner, "SHORT_JOB", 0.5)
+    monkeypatch.setattr(runner, "PREFETCH_HOLD", 1.0)  # the cancel reaches it while it waits
+    warm = [tasks.mark.enqueue(probe, f"warm{i}").id for i in range(3)]
+    worker = thread_worker(concurrency=1, prefetch=4)
+    wait_for(lambda: Job.objects.filter(id__in=warm, state="completed").count() == 3)
+    with transaction.atomic():
+        long = tasks.sleep_then_mark.enqueue(probe, "long", 4.0)
+        behind = tasks.sleep_then_mark.enqueue(probe, "behind", 0.0)
+    wait_for(lambda: Job.objects.filter(id=long.id, state="active").exists())
+    assert Job.objects.get(id=behind.id).state == "active", "claimed with the long job"
+
+    django_jobs.cancel(behind.id)
+
+    wait_for(lambda: Job.objects.get(id=behind.id).state == "cancelled")
+    assert Job.objects.get(id=long.id).state == "active", "ended when it was handed back, not after the long job"
+    worker.stop()
+    assert worker.error is None
+    assert "behind" not in [r["key"] for r in read_records(probe)]
+    assert worker.stats.cancelled == 1
+
+
+def test_a_stopping_worker_does_not_start_its_prefetched_jobs(thread_worker, probe, monkeypatch):
+    monkeypatch.setattr(runner, "SHORT_JOB", 0.5)
+    monkeypatch.setattr(runner, "PREFETCH_HOLD", 30.0)  # only the stop hands them back
+    warm = [tasks.mark.enqueue(probe, f"warm{i}").id for i in range(3)]
+    worker = thread_worker(concurrency=1, prefetch=4, grace=10)
+    wait_for(lambda: Job.objects.filter(id__in=warm, state="completed").count() == 3)
+    with transaction.atomic():
+        long = tasks.sleep_then_mark.enqueue(probe, "long", 0.5)
+        behind = [tasks.sleep_then_mark.enqueue(probe, f"behind{i}", 0.0).id for i in range(3)]
+    wait_for(lambda: Job.objects.filter(id=long.id, state="active").exists())
+
+    worker.stop()
+
+    assert worker.error is None
+    assert Job.objects.get(id=long.id).state == "completed", "the running job finished in the grace period"
+    assert [r["key"] for r in read_records(probe) if r["key"].startswith("behind")] == []
+    assert Job.objects.filter(id__in=behind, state="waiting", attempts=0).count() == 3
 
 
 @pytest.mark.parametrize("value", [0, -1, 101, 1.5, "4"])

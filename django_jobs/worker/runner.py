@@ -79,6 +79,8 @@ PREFETCH_HOLD = 0.1
 #: The default of Worker(prefetch=...) and runworker --prefetch, and its upper bound.
 DEFAULT_PREFETCH = 4
 MAX_PREFETCH = 100
+#: Jobs per statement when prefetched jobs are handed back (SQLite's limit on parameters).
+RELEASE_CHUNK = 400
 #: Most outcomes waiting for the completer before the producer stops claiming (see _produce):
 #: above what a healthy drain keeps pending (80 at most with -c 8, docs/benchmarks.md).
 OUTCOME_BACKLOG = 200
@@ -253,8 +255,10 @@ class Worker:
         # Moving average of how long a job took on an executor thread (None: none ran yet): the
         # producer prefetches while it is under SHORT_JOB.
         self._run_avg: float | None = None
-        # Attempts taken out of _ready after PREFETCH_HOLD, for the producer to hand back.
+        # Attempts taken out of _ready after PREFETCH_HOLD, for the producer to hand back; after
+        # that, no prefetching until this many more jobs have ended (threads came free).
         self._stale: list[Attempt] = []
+        self._prefetch_paused = 0
         self._claimed_total = 0
         # Attempts claimed and not yet taken by an executor thread, oldest first; _ready_moved is
         # when the list last gained its first attempt or lost one to a thread (see SPREAD_AFTER).
@@ -353,41 +357,47 @@ class Worker:
                 logger.info("Worker %s: --max-time reached.", self.worker_id)
                 break
             with self._slots:
-                while self._inflight >= self._cap() and not self._stale and not self._stopping.is_set():
-                    self._wait_slots(1.0, self._cap() - 1)
+                cap = self._cap()
+                while self._inflight >= cap and not self._stale and not self._stopping.is_set():
+                    self._wait_slots(1.0, cap - 1)
+                    cap = self._cap()
                 # After a claim that filled every slot, wait a little for running jobs to end
                 # (all of them; while prefetching, those beyond one per thread) and claim once.
                 linger_until = time.monotonic() + CLAIM_LINGER
-                low = self.concurrency if self._cap() > self.concurrency else 0
-                while backlog and self._inflight > low and not self._stopping.is_set():
+                low = self.concurrency if cap > self.concurrency else 0
+                while backlog and self._inflight > low and not self._stale and not self._stopping.is_set():
                     remaining = linger_until - time.monotonic()
                     if remaining <= 0:
                         break
                     self._wait_slots(remaining, low)
-                free = self._cap() - self._inflight
-                threads_free = self.concurrency - self._inflight
+                free = max(0, cap - self._inflight)
             if self._stopping.is_set():
                 break
-            if self._stale:
-                self._hand_back_stale()
-                continue
             # Finished jobs stay active until the completer writes their outcome: while it is
             # behind (a reconnect, a slow database) claim nothing more, so that window holds at
             # most OUTCOME_BACKLOG jobs (plus one claim's) rather than growing with each claim.
             if not self._completer.wait_below(OUTCOME_BACKLOG, timeout=1.0):
                 continue
             if self.max_jobs is not None:
-                free = min(free, self.max_jobs - self._claimed_total)
-                if free <= 0:
-                    self._wait_idle_then_stop()
-                    break
+                left = self.max_jobs - self._claimed_total
+                if left <= 0 and not self._stale:
+                    if self._wait_idle_then_stop():
+                        break
+                    continue  # prefetched jobs went back to the queue: claim in their place
+                free = min(free, left)
             # Clear before claiming: a NOTIFY that lands during the claim keeps us awake.
             self._wake.clear()
             wake_in: float | None = None
             try:
+                if self._stale:
+                    self._hand_back_stale()
+                    failures = 0
+                    continue
                 if self._lost_claims:
                     self._release_lost_claims()  # first: their jobs may be the next to run
-                jobs, wake_in = self._claim(free, threads_free)
+                if not free:
+                    continue  # the cap fell since the wait above (the jobs got longer)
+                jobs, gated, wake_in = self._claim(free)
                 failures = 0
             except DatabaseError as exc:
                 if not is_transient(exc):
@@ -396,22 +406,27 @@ class Worker:
                 failures += 1
                 self._db_trouble("claim", exc, failures)
                 continue
-            if jobs:
+            if jobs or gated:
+                claimed = gated + jobs
                 with self._held_lock:
-                    self._held.update(job.lease_token for job in jobs)
-                self._claimed_total += len(jobs)
+                    self._held.update(job.lease_token for job in claimed)
                 in_child = self.isolation == "process"
-                attempts = [Attempt(job, timeout=job_timeout(job), watched=True, in_child=in_child) for job in jobs]
+                attempts = [Attempt(job, timeout=job_timeout(job), watched=True, in_child=in_child) for job in claimed]
                 with self._attempts_lock:
                     for attempt in attempts:
                         self._attempts[attempt.job.id] = attempt
                 with self._slots:
-                    self._inflight += len(jobs)
+                    self._claimed_total += len(claimed)
+                    self._inflight += len(claimed)
                     if not self._ready:
                         self._ready_moved = time.monotonic()
-                    self._ready.extend(attempts)
+                    # A limited queue's jobs go first, so they hold its limit only until a
+                    # thread is free (see _claim).
+                    self._ready.extendleft(reversed(attempts[: len(gated)]))
+                    self._ready.extend(attempts[len(gated) :])
                     # One thread for the whole claim; the others only if its jobs turn out long.
                     self._work.notify()
+                jobs = claimed
                 backlog = len(jobs) == free
                 if backlog:
                     continue
@@ -419,7 +434,7 @@ class Worker:
             if self.stop_when_empty and self._nothing_left():
                 logger.info("Worker %s: queues are empty, stopping.", self.worker_id)
                 break
-            if not jobs:
+            if not jobs and not self._stale:
                 timeout = self.sleep * random.uniform(0.75, 1.25)
                 if wake_in is not None:  # a rate limit frees a start then
                     timeout = min(timeout, max(wake_in, 0.001))
@@ -432,7 +447,7 @@ class Worker:
     def _cap(self) -> int:
         """How many claimed jobs the worker may hold now (see SHORT_JOB)."""
         avg = self._run_avg
-        if avg is not None and avg < SHORT_JOB:
+        if avg is not None and avg < SHORT_JOB and not self._prefetch_paused:
             return self.concurrency * self.prefetch
         return self.concurrency
 
@@ -463,7 +478,7 @@ class Worker:
             self._inflight -= len(self._ready)
             self._claimed_total -= len(self._ready)
             self._ready.clear()
-            self._run_avg = max(self._run_avg or 0.0, PREFETCH_HOLD)  # no prefetching for now
+            self._prefetch_paused = self.concurrency  # until that many jobs have ended
             self._slots.notify()
             self._wake.set()
 
@@ -476,29 +491,40 @@ class Worker:
         self._spread()
 
     def _hand_back_stale(self) -> None:
-        """Release the claimed jobs that waited too long for a thread (producer thread); on a
-        transient database error they are tried again next round."""
+        """Release the claimed jobs that waited too long for a thread (producer thread), each
+        only under the lease it was claimed with; one cancelled meanwhile ends as cancelled
+        through the completer, as it would have on a thread. Raises DatabaseError (the jobs
+        stay in _stale, to be tried again)."""
         with self._slots:
-            stale, self._stale = self._stale, []
-        try:
-            released = engine.release_jobs(
-                using=self.using, worker_id=self.worker_id, job_ids=[a.job.id for a in stale]
+            stale = list(self._stale)
+        cancelled = [a for a in stale if a.cancelled.is_set()]
+        waiting = [a for a in stale if not a.cancelled.is_set()]
+        released = 0
+        for i in range(0, len(waiting), RELEASE_CHUNK):
+            part = waiting[i : i + RELEASE_CHUNK]
+            released += engine.release_jobs(
+                using=self.using,
+                worker_id=self.worker_id,
+                job_ids=[a.job.id for a in part],
+                lease_tokens={a.job.lease_token for a in part},
             )
-        except DatabaseError as exc:
-            if not is_transient(exc):
-                raise _crashed("handing back prefetched jobs", exc) from exc
-            with self._slots:
-                self._stale += stale
-            return
+        with self._slots:
+            done = {id(a) for a in stale}
+            self._stale = [a for a in self._stale if id(a) not in done]
         with self._attempts_lock:
             for a in stale:
                 if self._attempts.get(a.job.id) is a:
                     del self._attempts[a.job.id]
         with self._held_lock:
-            self._held.subtract(a.job.lease_token for a in stale)
-            for token in {a.job.lease_token for a in stale}:
+            self._held.subtract(a.job.lease_token for a in waiting)
+            for token in {a.job.lease_token for a in waiting}:
                 if self._held[token] <= 0:
                     del self._held[token]
+        for a in cancelled:
+            a.start()
+            outcome = self._executor.give_up(a, JobCancelled(f"Job {a.job.id} was cancelled before it started."))
+            if outcome is not None:
+                self._completer.submit(outcome)  # its slot was freed when it went stale
         logger.info(
             "Worker %s: handed %d claimed job(s) back; they waited %gs for a thread behind longer jobs.",
             self.worker_id,
@@ -506,12 +532,13 @@ class Worker:
             PREFETCH_HOLD,
         )
 
-    def _claim(self, free: int, threads_free: int) -> tuple[list[Any], float | None]:
+    def _claim(self, free: int) -> tuple[list[Any], list[Any], float | None]:
         """Claim up to ``free`` jobs: from the queues without limits (one statement) and from the
-        limited ones (each under its lock, and only for free threads: a limited queue's jobs are
-        not prefetched), the limited ones first every other round so a busy unlimited queue
-        cannot starve them. Jobs already claimed are kept when the second step meets a transient
-        database error (it is retried next round)."""
+        limited ones (each under its lock, at most ``concurrency`` per round), the limited ones
+        first every other round so a busy unlimited queue cannot starve them. Returns both
+        lists: the caller queues the limited ones' jobs ahead of the others. Jobs already
+        claimed are kept when the second step meets a transient database error (it is retried
+        next round)."""
 
         def fast(n: int) -> tuple[list[Any], float | None]:
             token = self._new_claim_token()
@@ -530,20 +557,21 @@ class Worker:
         steps = [self._claim_gated, fast] if self._claim_rounds % 2 else [fast, self._claim_gated]
         self._claim_rounds += 1
         jobs: list[Any] = []
+        gated: list[Any] = []
         wake: float | None = None
         for step in steps:
-            n = (free if step is fast else min(free, threads_free)) - len(jobs)
+            n = free - len(jobs) - len(gated) if step is fast else min(self.concurrency, free - len(jobs))
             if n <= 0:
                 continue
             try:
                 got, wake_in = step(n)
             except DatabaseError as exc:
-                self._keep_claimed(jobs, exc)
+                self._keep_claimed(jobs + gated, exc)
                 break
-            jobs += got
+            (jobs if step is fast else gated).extend(got)
             if wake_in is not None:
                 wake = wake_in
-        return jobs, wake
+        return jobs, gated, wake
 
     def _keep_claimed(self, jobs: list[Any], exc: DatabaseError) -> None:
         """A claim failed after earlier claims of this round took ``jobs``: keep those (the
@@ -656,11 +684,16 @@ class Worker:
             self._db_trouble("emptiness check", exc, 1)
             return False
 
-    def _wait_idle_then_stop(self) -> None:
+    def _wait_idle_then_stop(self) -> bool:
+        """--max-jobs: wait for the claimed jobs to end; False when some went back to the queue
+        instead (see PREFETCH_HOLD), so others are to be claimed in their place."""
         with self._slots:
-            while self._inflight and not self._stopping.is_set():
+            while self._inflight and not self._stale and not self._stopping.is_set():
                 self._wait_slots(0.5, 0)
+            if self._stale:
+                return False
         logger.info("Worker %s: --max-jobs reached.", self.worker_id)
+        return True
 
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
         logger.warning(
@@ -763,6 +796,8 @@ class Worker:
         self._completer.submit(outcome)
         with self._slots:
             self._inflight -= 1
+            if self._prefetch_paused:
+                self._prefetch_paused -= 1
             # Only the producer waits on _slots, for _inflight to come down to _want: waking it
             # for each job would cost a thread switch per job.
             if self._inflight <= self._want:
@@ -1057,6 +1092,9 @@ class Worker:
         self.stop()
         deadline = time.monotonic() + self.grace
         with self._slots:
+            # Jobs claimed but not started are not run: the release below hands them back.
+            self._inflight -= len(self._ready)
+            self._ready.clear()
             while self._inflight and time.monotonic() < deadline:
                 self._wait_slots(min(0.2, max(0.0, deadline - time.monotonic())), 0)
             still_running = self._inflight
