@@ -78,6 +78,26 @@ def test_the_generic_plan_setting_is_set_by_the_worker_statements_in_autocommit_
         assert cursor.fetchone()[0] == "force_generic_plan"
 
 
+def test_the_worker_statements_are_never_jit_compiled():
+    # A generic plan is priced without its LIMIT's value: on a backlog of some 40,000 jobs the
+    # claim's estimate passed jit_above_cost and JIT compiled every claim (20-30 ms each, a
+    # 100,000-job drain at a tenth of its speed). The worker's connections turn JIT off.
+    connection.close()
+    with connection.cursor() as cursor:
+        cursor.execute("SET jit_above_cost = 0")  # as a large backlog's estimate would pass it
+        cursor.execute("SHOW jit")
+        server_jit = cursor.fetchone()[0]
+    drain_one_by_one(2)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "off"
+        cursor.execute("SELECT pg_jit_available()")
+        if server_jit == "on" and cursor.fetchone()[0]:  # the claim would have been compiled
+            cursor.execute("SET jit = on")
+            cursor.execute("EXPLAIN (ANALYZE) SELECT count(*) FROM django_jobs_job WHERE state = 'waiting'")
+            assert any(row[0].startswith("JIT:") for row in cursor.fetchall())
+
+
 def test_djangos_own_statements_stay_unprepared_and_uncounted():
     connection.close()
     drain_one_by_one(2)
