@@ -77,7 +77,7 @@ SHORT_JOB = 0.005
 #: are short again.
 PREFETCH_HOLD = 0.1
 #: The default of Worker(prefetch=...) and runworker --prefetch, and its upper bound.
-DEFAULT_PREFETCH = 4
+DEFAULT_PREFETCH = 8
 MAX_PREFETCH = 100
 #: Jobs per statement when prefetched jobs are handed back (SQLite's limit on parameters).
 RELEASE_CHUNK = 400
