@@ -93,6 +93,7 @@ def test_jobs_claimed_behind_a_long_one_go_back_to_the_queue(thread_worker, prob
     first.stop()
     second.stop()
     assert first.error is None and second.error is None
+    assert first.stats.released == 3, "counted in the worker's summary"
 
 
 def test_a_limited_queue_is_not_starved_by_prefetched_jobs(thread_worker, probe):

@@ -520,6 +520,8 @@ class Worker:
             for token in {a.job.lease_token for a in waiting}:
                 if self._held[token] <= 0:
                     del self._held[token]
+        with self._slots:
+            self.stats.released += released
         for a in cancelled:
             a.start()
             outcome = self._executor.give_up(a, JobCancelled(f"Job {a.job.id} was cancelled before it started."))
@@ -1120,7 +1122,7 @@ class Worker:
             self._work.notify_all()
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
         self._completer.close(timeout=max(5.0, deadline - time.monotonic()))
-        self.stats.released = self._release_all()
+        self.stats.released += self._release_all()
         # Claimed but never started jobs (queued for an executor) are covered by the release too.
         self._maintenance_done.set()
         for t in self._threads:
