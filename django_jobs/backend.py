@@ -407,7 +407,10 @@ def check_json(value: Any, where: str) -> None:
 def normalize_argument(value: Any, where: str) -> Any:
     """``value`` as Django's ``normalize_json`` makes it (what Django's ``TaskResult`` does to
     ``args`` and ``kwargs``): bytes decoded from UTF-8, any other sequence a list, any mapping a
-    dict. Then checked as :func:`check_json` checks, so the worker gets exactly what is returned.
+    dict, and a subclass of str, int or float (a StrEnum, an IntEnum) its plain value, as JSON
+    stores it. Then checked as :func:`check_json` checks. So the value returned is what
+    ``json.loads`` gives back from its JSON (fresh lists and dicts, plain leaves): exactly what
+    the worker will get.
 
     One difference, on purpose: a mapping key must be a string (or UTF-8 bytes). Django keeps
     ``{1: "a"}`` as it is, but JSON stores ``{"1": "a"}``, so the task would be called with a
@@ -435,16 +438,17 @@ def _json_value(value: Any, where: str, top: str, depth: int, *, normalize: bool
                 f"{where} contains a NUL character (\\x00), which PostgreSQL cannot store in JSON; remove it "
                 "or pass the data base64-encoded."
             )
-        return value
+        # A subclass's text, as json writes it (str.__str__ ignores an overridden __str__).
+        return value if type(value) is str else str.__str__(value)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         _check_int(value, where)
-        return value
+        return value if type(value) is int else int.__int__(value)  # json writes int.__repr__
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidArgumentValue(f"{where} is {value!r}; JSON has no NaN or infinity.")
-        return value
+        return value if type(value) is float else float.__float__(value)  # json writes float.__repr__
     if isinstance(value, (list, tuple)) or (normalize and isinstance(value, Sequence) and not isinstance(value, bytes)):
         if depth > MAX_JSON_DEPTH:
             raise _too_deep(top)
@@ -463,7 +467,7 @@ def _json_object(value: Mapping[Any, Any], where: str, top: str, depth: int, *, 
             raise InvalidTaskArguments(
                 f"{where} has a {type(key).__name__} key {key!r}; JSON object keys must be strings."
             )
-        _json_value(key, f"a key of {where}", top, depth, normalize=normalize)
+        key = _json_value(key, f"a key of {where}", top, depth, normalize=normalize)
         result[key] = _json_value(item, f"{where}[{key!r}]", top, depth + 1, normalize=normalize)
     return result
 
@@ -503,6 +507,11 @@ def _not_json(value: Any, where: str) -> NoReturn:
         "bytes": "pass base64 text or store the data and pass a key",
     }.get(type(value).__name__, "pass its primary key or a plain dict instead")
     raise InvalidTaskArguments(f"{where} is a {type(value).__name__}, which is not JSON; {hint}.")
+
+
+#: ``json.dumps(value, ensure_ascii=False)`` without building an encoder per call (json.dumps
+#: makes one whenever an option differs from its defaults).
+_encode_json = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def _utf8_len(text: str) -> int:
@@ -580,12 +589,13 @@ class JobsBackend(BaseTaskBackend):
             check_run_after_bound(task.run_after, max_run_after(self.settings.MAX_RUN_AFTER))
 
     def _check_payload(self, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-        args_json, kwargs_json = self._payload_json(args, kwargs)
-        # A real round trip: what the worker will see is exactly what was stored.
-        return json.loads(args_json), json.loads(kwargs_json)
+        args, kwargs, _, _ = self._payload(args, kwargs)
+        return args, kwargs
 
-    def _payload_json(self, args: Any, kwargs: Any, cap: int | None = None) -> tuple[str, str]:
-        """Validate one job's arguments; return the JSON of its args and of its kwargs.
+    def _payload(self, args: Any, kwargs: Any, cap: int | None = None) -> tuple[list[Any], dict[str, Any], str, str]:
+        """Validate one job's arguments; return them as the worker will read them back (what
+        ``json.loads`` of their JSON gives: :func:`normalize_argument` makes exactly that, no
+        decode needed), then the JSON of its args and of its kwargs.
 
         ``cap``: MAX_PAYLOAD_BYTES, when the caller has already read it (enqueue_many, per item).
         """
@@ -601,9 +611,11 @@ class JobsBackend(BaseTaskBackend):
                 key = normalize_argument(key, "a keyword argument name")
             if not isinstance(key, str):
                 raise InvalidTaskArguments(f"kwargs has a {type(key).__name__} key {key!r}; names must be strings.")
-            check_json(key, "a keyword argument name")
+            key = normalize_argument(key, "a keyword argument name")
             named[key] = normalize_argument(value, f"kwargs[{key!r}]")
-        args_json, kwargs_json = json.dumps(args, ensure_ascii=False), json.dumps(named, ensure_ascii=False)
+        # Most jobs have no args or no kwargs: their JSON needs no encoder.
+        args_json = _encode_json(args) if args else "[]"
+        kwargs_json = _encode_json(named) if named else "{}"
         try:
             size = _utf8_len(args_json) + _utf8_len(kwargs_json)
         except UnicodeEncodeError:
@@ -617,7 +629,7 @@ class JobsBackend(BaseTaskBackend):
                 f"The job's arguments are {size} bytes of JSON, over MAX_PAYLOAD_BYTES={cap}; store "
                 "large data elsewhere (a model, a file) and pass its key."
             )
-        return args_json, kwargs_json
+        return args, named, args_json, kwargs_json
 
     def _job_fields(self, task: Task) -> tuple[int, dict[str, Any]]:
         """``(max_attempts, options)`` stored on a job of ``task``."""
@@ -663,7 +675,7 @@ class JobsBackend(BaseTaskBackend):
             job, created = engine.insert_job_once(**fields, idempotency_key=idempotency_key)
             result = self._result_from_job(job, _same_task(task, job), duplicate=not created)
         else:
-            result = self._result_from_job(engine.insert_job(**fields), task)
+            result = self._result_from_new_job(engine.insert_new_job(**fields), task)
         if not result.duplicate:
             transaction.on_commit(
                 lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
@@ -762,7 +774,7 @@ class JobsBackend(BaseTaskBackend):
         results: list[JobResult] = []
         # JSON of the current chunk only; dropped once it is written.
         rows: list[tuple[str, str]] = []
-        payloads: list[list[Any]] = []  # [args, kwargs] per job
+        payloads: list[tuple[list[Any], dict[str, Any]]] = []  # (args, kwargs) per job
 
         def write_chunk() -> None:
             inserted = engine.insert_jobs(
@@ -809,13 +821,11 @@ class JobsBackend(BaseTaskBackend):
             for index, item in enumerate(items):
                 args, kwargs = _item_arguments(index, item)
                 try:
-                    args_json, kwargs_json = self._payload_json(args, kwargs, cap)
+                    args, kwargs, args_json, kwargs_json = self._payload(args, kwargs, cap)
                 except InvalidTaskArguments as exc:
                     raise type(exc)(f"enqueue_many item {index}: {exc}") from None
                 rows.append((args_json, kwargs_json))
-                # The stored values as the worker will read them back (tuples become lists, str
-                # subclasses str): one decode for both.
-                payloads.append(json.loads(f"[{args_json},{kwargs_json}]"))
+                payloads.append((args, kwargs))
                 if len(rows) == engine.INSERT_CHUNK:
                     write_chunk()
             if rows:
@@ -847,11 +857,9 @@ class JobsBackend(BaseTaskBackend):
             for index, item in enumerate(items):
                 args, kwargs = _item_arguments(index, item)
                 try:
-                    args_json, kwargs_json = self._payload_json(args, kwargs, cap)
+                    stored_args, stored_kwargs, _, _ = self._payload(args, kwargs, cap)
                 except InvalidTaskArguments as exc:
                     raise type(exc)(f"enqueue_many item {index}: {exc}") from None
-                # The stored values as the worker will read them back (tuples become lists).
-                stored_args, stored_kwargs = json.loads(args_json), json.loads(kwargs_json)
                 fields = self._insert_fields(task, stored_args, stored_kwargs, max_attempts, options, trace_id)
                 try:
                     result, woke = self._enqueue_deduplicated(task, dedup, fields, notify_workers=False)
@@ -909,6 +917,25 @@ class JobsBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", job.return_value)
         return result
+
+    def _result_from_new_job(self, job: Any, task: Task) -> JobResult:
+        """The result of a job of ``task`` just inserted (an ``engine.NewJob``), as
+        :meth:`_result_from_job` reads it from its ``Job``: not started, no error, no progress."""
+        return JobResult(
+            task=task,
+            id=str(job.id),
+            status=to_task_status(job.state),
+            enqueued_at=job.enqueued_at,
+            started_at=None,
+            last_attempted_at=None,
+            finished_at=None,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+            trace_id=job.trace_id,
+        )
 
     # -- checks ------------------------------------------------------------------------------
 

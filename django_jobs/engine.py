@@ -34,13 +34,14 @@ from django.db import InterfaceError, OperationalError, connections, models, tra
 from django.db.models import F
 from django.utils import timezone
 
+from .conf import get_settings
 from .db import Dialect, hot_cursor, is_transient
 from .exceptions import InvalidTaskOptions, JobsError, QueueFull
 from .models import Event, Job, JobDependency, JobLog, JobStart, Metric, QueueState, Worker
 from .models.dedup import JobDedup, JobDedupNext
 from .states import FINISHED_STATES, UNFINISHED_STATES, JobState
 from .tracing import trace_id_for_new_job
-from .uuid7 import uuid7
+from .uuid7 import uuid7, uuid7_many
 
 logger = logging.getLogger("django_jobs.engine")
 
@@ -209,8 +210,49 @@ def insert_job(
     ``enqueued_at`` is ``now`` when given, else the database clock on PostgreSQL (the clock of
     ``started_at`` and ``finished_at``), read back by the INSERT itself; this process's on SQLite.
     """
+    job = _as_job(
+        insert_new_job(
+            using=using,
+            backend=backend,
+            task_path=task_path,
+            queue=queue,
+            priority=priority,
+            args=args,
+            kwargs=kwargs,
+            max_attempts=max_attempts,
+            options=options,
+            run_after=run_after,
+            lifo=lifo,
+            trace_id=trace_id,
+            partition=partition,
+            now=now,
+        )
+    )
+    _mark_saved(job, using)
+    return job
+
+
+def insert_new_job(
+    *,
+    using: str,
+    backend: str,
+    task_path: str,
+    queue: str,
+    priority: int,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    max_attempts: int,
+    options: dict[str, Any],
+    run_after: datetime | None = None,
+    lifo: bool = False,
+    trace_id: str | None = None,
+    partition: str | None = None,
+    now: datetime | None = None,
+) -> NewJob:
+    """:func:`insert_job` without the model instance: the row written, as a :class:`NewJob`
+    (``JobsBackend.enqueue`` reads a few of its values; building a ``Job`` cost more than that)."""
     d = Dialect(using)
-    job = _new_job(
+    job = _new_row(
         backend=backend,
         task_path=task_path,
         queue=queue,
@@ -226,7 +268,7 @@ def insert_job(
         now=now,
         database_clock=d.pg,
     )
-    conn = connections[using]
+    conn = d.connection
     wake = job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(conn, job.queue)
     with _sqlite_atomic(d), hot_cursor(using) as cursor:
         # The common case in one statement: the INSERT carries its own "the queue has no size
@@ -236,7 +278,6 @@ def insert_job(
             if d.pg:
                 _set_enqueued_at(d, job, cursor.fetchone()[0])
             _enqueued_event_sqlite(cursor, d, job)
-            _mark_saved(job, using)
             if job.partition_key is not None:
                 _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
             return job
@@ -247,7 +288,39 @@ def insert_job(
     return job
 
 
-def _new_job(
+@dataclass(slots=True)
+class NewJob:
+    """A new job's row as its INSERT writes it: the columns set at enqueue (the others start at
+    the table's defaults: no attempt, no error, no lease, no parent). The plain enqueue's value
+    object, lighter than a model instance; :func:`_as_job` makes the unsaved ``Job`` of it."""
+
+    id: uuid.UUID
+    backend: str
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    state: str
+    priority: int
+    available_at: datetime
+    options: dict[str, Any]
+    max_attempts: int
+    #: None until inserted when the database clock stamps it (PostgreSQL, see :func:`_new_row`).
+    enqueued_at: datetime | None
+    seq: int
+    trace_id: str
+    dedup_key: str | None
+    idempotency_key: str | None
+    partition_key: str | None
+    blocked: bool
+
+
+def _new_job(**fields: Any) -> Job:
+    """The unsaved ``Job`` of a new job: :func:`_new_row`'s arguments, its row."""
+    return _as_job(_new_row(**fields))
+
+
+def _new_row(
     *,
     backend: str,
     task_path: str,
@@ -266,8 +339,8 @@ def _new_job(
     enqueued_at: datetime | None = None,
     partition: str | None = None,
     database_clock: bool = False,
-) -> Job:
-    """The unsaved row of a new job: waiting, or delayed until ``run_after`` when that is after
+) -> NewJob:
+    """The row of a new job: waiting, or delayed until ``run_after`` when that is after
     ``now``; ``enqueued_at`` defaults to ``now``.
 
     ``database_clock`` (PostgreSQL): when neither ``enqueued_at`` nor ``now`` is given, leave
@@ -282,17 +355,18 @@ def _new_job(
     now = now or timezone.now()
     delayed = run_after is not None and run_after > now
     available_at = run_after if delayed else now
-    return Job(
+    return NewJob(
+        id=uuid7(),
         backend=backend,
         queue=queue,
         task_path=task_path,
-        priority=priority,
         args=args,
         kwargs=kwargs,
-        max_attempts=max_attempts,
-        options=options,
         state=JobState.DELAYED if delayed else JobState.WAITING,
+        priority=priority,
         available_at=available_at,
+        options=options,
+        max_attempts=max_attempts,
         enqueued_at=given if given is not None or database_clock else now,
         seq=ready_seq(available_at, lifo),
         trace_id=trace_id_for_new_job(trace_id),
@@ -304,19 +378,56 @@ def _new_job(
     )
 
 
-def _insert_params(d: Dialect, job: Job) -> list[Any]:
+def _as_job(row: NewJob) -> Job:
+    """The unsaved ``Job`` of ``row``; its other fields get their defaults."""
+    # Positional, in field order: Django's fast path of Model.__init__, which skips matching
+    # keywords to fields and a get_default() call per field (most of the cost of Job(**row)).
+    return Job(
+        *[
+            getattr(row, name) if in_row else default() if per_job else default
+            for name, in_row, default, per_job in _job_fields()
+        ]
+    )
+
+
+@functools.cache
+def _job_fields() -> tuple[tuple[str, bool, Any, bool], ...]:
+    """Job's concrete fields in the order ``Job(*values)`` takes them: each one's attname,
+    whether a :class:`NewJob` has it, its default, and whether that is a function to call for
+    every job, as Django calls it (a callable default such as ``list``, so no two jobs share a
+    list). A constant default (None, 0, a string, a bool) is read once."""
+    in_row = set(NewJob.__slots__)
+    found = []
+    for f in Job._meta.concrete_fields:
+        value = f.get_default()
+        if (f.has_default() and callable(f.default)) or not isinstance(value, (type(None), bool, int, str)):
+            found.append((f.attname, f.attname in in_row, f.get_default, True))
+        else:
+            found.append((f.attname, f.attname in in_row, value, False))
+    return tuple(found)
+
+
+def _json(value: Any) -> str:
+    """``json.dumps(value)``; an empty list or dict (most jobs' args or kwargs, and options)
+    without running the encoder."""
+    if not value and type(value) in (list, dict):
+        return "[]" if type(value) is list else "{}"
+    return json.dumps(value)
+
+
+def _insert_params(d: Dialect, job: Job | NewJob) -> list[Any]:
     """The parameters of :func:`_insert_sql` for ``job``, in its column order."""
     return [
         d.uuid(job.id),
         job.backend,
         job.queue,
         job.task_path,
-        json.dumps(job.args),
-        json.dumps(job.kwargs),
+        _json(job.args),
+        _json(job.kwargs),
         job.state,
         job.priority,
         d.dt(job.available_at),
-        json.dumps(job.options),
+        _json(job.options),
         job.max_attempts,
         d.dt(job.enqueued_at),
         job.seq,
@@ -328,12 +439,13 @@ def _insert_params(d: Dialect, job: Job) -> list[Any]:
     ]
 
 
-def _mark_saved(job: Job, using: str) -> None:
-    job._state.adding = False
-    job._state.db = using
+def _mark_saved(job: Job | NewJob, using: str) -> None:
+    if isinstance(job, Job):  # a NewJob is no model instance: nothing to mark
+        job._state.adding = False
+        job._state.db = using
 
 
-def _set_enqueued_at(d: Dialect, job: Job, value: Any) -> None:
+def _set_enqueued_at(d: Dialect, job: Job | NewJob, value: Any) -> None:
     """``job.enqueued_at`` as its INSERT stored it (PostgreSQL: possibly the database clock)."""
     job.enqueued_at = d.to_dt(value)
 
@@ -554,7 +666,7 @@ def insert_jobs(
         partition is not None,  # blocked: _unblock_heads frees the partition's next one below
     ]
     enqueued_slot = 8  # enqueued_at's place in shared
-    ids = [uuid7() for _ in rows]
+    ids = uuid7_many(len(rows))
     per_statement = _rows_per_statement(conn)
     events = events_enabled()
     event_data = json.dumps({"task": task_path, "state": state})
@@ -651,8 +763,6 @@ def notify(using: str, queues: list[str]) -> None:
     conn = connections[using]
     if conn.vendor != "postgresql" or not queues:
         return
-    from .conf import get_settings
-
     channel = get_settings().NOTIFY_CHANNEL
     if conn.in_atomic_block and not conn.savepoint_ids:
         sent = _sent_in_transaction(conn)
@@ -689,16 +799,12 @@ _EVENT_COLUMNS = "txid, queue, job_id, kind, data, created_at"
 
 
 def events_enabled() -> bool:
-    from .conf import get_settings
-
     return get_settings().EVENTS
 
 
 def events_channel() -> str:
     """The NOTIFY channel of events (PostgreSQL): each transaction that writes events sends one
     notification on it (PostgreSQL folds a transaction's identical notifications into one)."""
-    from .conf import get_settings
-
     return f"{get_settings().NOTIFY_CHANNEL}_events"
 
 
@@ -758,7 +864,7 @@ def _job_events(
             write_events(cursor, Dialect(using), rows, now)
 
 
-def _enqueued_data(job: Job) -> dict[str, Any]:
+def _enqueued_data(job: Job | NewJob) -> dict[str, Any]:
     return {"task": job.task_path, "state": job.state}
 
 
@@ -770,7 +876,7 @@ def _sqlite_atomic(d: Dialect) -> Any:
     return transaction.atomic(using=d.using)
 
 
-def _enqueued_event_sqlite(cursor: Any, d: Dialect, job: Job) -> None:
+def _enqueued_event_sqlite(cursor: Any, d: Dialect, job: Job | NewJob) -> None:
     """SQLite: the ``enqueued`` event of a job just inserted (PostgreSQL writes it in the INSERT)."""
     if not d.pg:
         write_events(cursor, d, [(job.queue, job.id, "enqueued", _enqueued_data(job))])
@@ -1123,7 +1229,7 @@ def _job_state(cursor: Any, d: Dialect, job_id: uuid.UUID) -> str | None:
     return None if row is None else row[0]
 
 
-def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = False) -> None:
+def _insert_new(cursor: Any, d: Dialect, using: str, job: Job | NewJob, *, wake: bool = False) -> None:
     """Insert ``job`` after :func:`_admit` let it in (call inside a transaction); with ``wake``,
     its NOTIFY rides on the INSERT as in :func:`insert_job`."""
     wake = wake and job.state == JobState.WAITING and d.pg and _first_notify_in_transaction(d.connection, job.queue)
@@ -1138,15 +1244,13 @@ def _insert_new(cursor: Any, d: Dialect, using: str, job: Job, *, wake: bool = F
 
 
 def _insert_statement(
-    d: Dialect, job: Job, *, wake: bool, once: bool = False, guarded: bool = False
+    d: Dialect, job: Job | NewJob, *, wake: bool, once: bool = False, guarded: bool = False
 ) -> tuple[str, list[Any]]:
     """The INSERT of ``job`` and its parameters; with ``wake``, the NOTIFY rides on it."""
     params = _insert_params(d, job)
     if guarded:
         params.append(job.queue)
     if wake:
-        from .conf import get_settings
-
         params.append(get_settings().NOTIFY_CHANNEL)
     events = d.pg and events_enabled()
     if events:
@@ -2786,8 +2890,6 @@ def _notify_cancel(using: str, job_ids: list[uuid.UUID]) -> None:
     conn = connections[using]
     if conn.vendor != "postgresql" or not job_ids:
         return
-    from .conf import get_settings
-
     channel = get_settings().NOTIFY_CHANNEL
     with conn.cursor() as cursor:
         for job_id in job_ids:

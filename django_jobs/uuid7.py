@@ -18,25 +18,42 @@ _counter = 0
 
 def uuid7() -> uuid.UUID:
     """Return a new UUIDv7, monotonic within this process."""
-    global _last_ms, _counter
     with _lock:
-        ms = time.time_ns() // 1_000_000
-        if ms > _last_ms:
-            _last_ms = ms
-            _counter = int.from_bytes(os.urandom(2)) & 0x7FF  # leave room to count up
-        else:
-            # Same (or an earlier, after a clock step back) millisecond: keep order by
-            # counting up; when the 12-bit counter overflows, borrow the next millisecond.
-            _counter += 1
-            if _counter > 0xFFF:
-                _last_ms += 1
-                _counter = 0
-            ms = _last_ms
-        counter = _counter
-    rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
+        ms, counter = _next()
+    return _make(ms, counter, int.from_bytes(os.urandom(8)))
+
+
+def uuid7_many(n: int) -> list[uuid.UUID]:
+    """``n`` new UUIDv7s, as ``n`` calls of :func:`uuid7` would return them, for less: one
+    lock and one read of random bytes for all (a bulk enqueue makes thousands)."""
+    with _lock:
+        stamps = [_next() for _ in range(n)]
+    rand = os.urandom(8 * n)
+    return [_make(ms, counter, int.from_bytes(rand[8 * i : 8 * i + 8])) for i, (ms, counter) in enumerate(stamps)]
+
+
+def _next() -> tuple[int, int]:
+    """The millisecond and counter of the next id; call with ``_lock`` held."""
+    global _last_ms, _counter
+    ms = time.time_ns() // 1_000_000
+    if ms > _last_ms:
+        _last_ms = ms
+        _counter = int.from_bytes(os.urandom(2)) & 0x7FF  # leave room to count up
+    else:
+        # Same (or an earlier, after a clock step back) millisecond: keep order by
+        # counting up; when the 12-bit counter overflows, borrow the next millisecond.
+        _counter += 1
+        if _counter > 0xFFF:
+            _last_ms += 1
+            _counter = 0
+        ms = _last_ms
+    return ms, _counter
+
+
+def _make(ms: int, counter: int, rand: int) -> uuid.UUID:
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76  # version
     value |= counter << 64
     value |= 0b10 << 62  # RFC 4122 variant
-    value |= rand
+    value |= rand & ((1 << 62) - 1)
     return uuid.UUID(int=value)

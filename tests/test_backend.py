@@ -4,6 +4,8 @@ a result needs attempts (the worker has its own tests)."""
 
 from __future__ import annotations
 
+import enum
+import json
 import math
 import re
 import uuid
@@ -19,6 +21,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.test import override_settings
 from django.utils import timezone
 
+import django_jobs
 from django_jobs import engine
 from django_jobs.backend import JobsBackend, JobTask
 from django_jobs.exceptions import InvalidQueueName, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
@@ -324,6 +327,44 @@ def test_plain_json_values_round_trip_unchanged():
     assert job.args == [value, 10**15]
     assert job.kwargs == {"key": value}
     assert task_backends["default"].get_result(result.id).args == [value, 10**15]
+
+
+class _Label(str):
+    def __str__(self) -> str:  # json writes the text, not this
+        return "other"
+
+
+class _Colour(enum.StrEnum):
+    RED = "red"
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+class _Ratio(float):
+    pass
+
+
+def _exactly(value):
+    """``value`` with each leaf's type, to compare types as well as values."""
+    if isinstance(value, list):
+        return [_exactly(v) for v in value]
+    if isinstance(value, dict):
+        return {(type(k), k): _exactly(v) for k, v in value.items()}
+    return (type(value), value)
+
+
+@db
+def test_subclasses_of_str_int_and_float_arrive_as_the_plain_values_json_stores():
+    args = [_Label("tag"), _Colour.RED, _Level.HIGH, _Ratio(0.5), {_Label("key"): [_Level.HIGH, (_Colour.RED,)]}]
+    kwargs = {_Colour.RED: _Ratio(1.5), "label": _Label("x")}
+    stored = json.loads(json.dumps(args)), json.loads(json.dumps(kwargs))
+    result = tasks.echo.enqueue(*args, **kwargs)
+    [many] = tasks.echo.enqueue_many([django_jobs.call(*args, **kwargs)])
+    for got in (result, many, task_backends["default"].get_result(result.id)):
+        assert _exactly(got.args) == _exactly(stored[0])
+        assert _exactly(got.kwargs) == _exactly(stored[1])
 
 
 def payload_size(args, kwargs) -> int:

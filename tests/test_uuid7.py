@@ -11,7 +11,7 @@ import pytest
 
 from django_jobs import uuid7 as uuid7_module
 from django_jobs.models import Job
-from django_jobs.uuid7 import uuid7
+from django_jobs.uuid7 import uuid7, uuid7_many
 
 
 def timestamp_ms(value: uuid.UUID) -> int:
@@ -58,6 +58,19 @@ def test_uuid7_is_unique_and_monotonic_per_thread_across_threads():
     assert len(set(every)) == len(every)
     for values in results:
         assert values == sorted(values)
+
+
+def test_uuid7_many_continues_the_sequence_of_uuid7():
+    values = [uuid7(), *uuid7_many(5_000), uuid7(), *uuid7_many(1), *uuid7_many(0)]
+    assert len(values) == 5_003
+    assert all(a < b for a, b in zip(values, values[1:], strict=False))
+    assert all(v.version == 7 and v.variant == uuid.RFC_4122 for v in values)
+
+
+def test_uuid7_many_stays_ordered_past_the_counter_in_one_millisecond(frozen_clock):
+    values = uuid7_many(10_000)
+    assert all(a < b for a, b in zip(values, values[1:], strict=False))
+    assert timestamp_ms(values[-1]) > 1_700_000_000_000, "borrowed later milliseconds"
 
 
 def test_uuid7_sorts_by_creation_time_across_milliseconds():
