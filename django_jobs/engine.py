@@ -182,52 +182,10 @@ def ready_seq(available_at: datetime, lifo: bool = False) -> int:
     return -micros if lifo else micros
 
 
-def insert_job(
-    *,
-    using: str,
-    backend: str,
-    task_path: str,
-    queue: str,
-    priority: int,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    max_attempts: int,
-    options: dict[str, Any],
-    run_after: datetime | None = None,
-    lifo: bool = False,
-    trace_id: str | None = None,
-    partition: str | None = None,
-    now: datetime | None = None,
-) -> Job:
-    """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``).
-
-    ``lifo``: the job is claimed before the FIFO jobs of its priority, newest first
-    (see :func:`ready_seq`). ``trace_id``: the job's pipeline; ``None``: the running job's, or a
-    new one (:func:`django_jobs.tracing.trace_id_for_new_job`). ``partition``: the job runs
-    after the earlier jobs of its (queue, partition) finished. Raises QueueFull when the queue
-    (or partition) has a size limit the job would pass; nothing is inserted then.
-
-    ``enqueued_at`` is ``now`` when given, else the database clock on PostgreSQL (the clock of
-    ``started_at`` and ``finished_at``), read back by the INSERT itself; this process's on SQLite.
-    """
-    job = _as_job(
-        insert_new_job(
-            using=using,
-            backend=backend,
-            task_path=task_path,
-            queue=queue,
-            priority=priority,
-            args=args,
-            kwargs=kwargs,
-            max_attempts=max_attempts,
-            options=options,
-            run_after=run_after,
-            lifo=lifo,
-            trace_id=trace_id,
-            partition=partition,
-            now=now,
-        )
-    )
+def insert_job(*, using: str, **fields: Any) -> Job:
+    """Insert one job in the caller's transaction, as :func:`insert_new_job` (same arguments),
+    and return it as a saved ``Job``."""
+    job = _as_job(insert_new_job(using=using, **fields))
     _mark_saved(job, using)
     return job
 
@@ -249,8 +207,19 @@ def insert_new_job(
     partition: str | None = None,
     now: datetime | None = None,
 ) -> NewJob:
-    """:func:`insert_job` without the model instance: the row written, as a :class:`NewJob`
-    (``JobsBackend.enqueue`` reads a few of its values; building a ``Job`` cost more than that)."""
+    """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``);
+    return the row written as a :class:`NewJob` (``JobsBackend.enqueue`` reads a few of its
+    values; building a ``Job`` cost more than that: :func:`insert_job` returns one).
+
+    ``lifo``: the job is claimed before the FIFO jobs of its priority, newest first
+    (see :func:`ready_seq`). ``trace_id``: the job's pipeline; ``None``: the running job's, or a
+    new one (:func:`django_jobs.tracing.trace_id_for_new_job`). ``partition``: the job runs
+    after the earlier jobs of its (queue, partition) finished. Raises QueueFull when the queue
+    (or partition) has a size limit the job would pass; nothing is inserted then.
+
+    ``enqueued_at`` is ``now`` when given, else the database clock on PostgreSQL (the clock of
+    ``started_at`` and ``finished_at``), read back by the INSERT itself; this process's on SQLite.
+    """
     d = Dialect(using)
     job = _new_row(
         backend=backend,
