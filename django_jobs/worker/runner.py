@@ -73,16 +73,18 @@ SPREAD_AFTER = 0.002
 #: threads. See Worker(prefetch=...).
 SHORT_JOB = 0.005
 #: Claimed jobs that waited this long for a thread while every thread was busy (the jobs turned
-#: out long) are handed back to the queue for other workers, and prefetching stops until jobs
-#: are short again.
+#: out long) are handed back to the queue for other workers, and prefetching pauses until
+#: ``concurrency`` more jobs have ended.
 PREFETCH_HOLD = 0.1
 #: The default of Worker(prefetch=...) and runworker --prefetch, and its upper bound.
 DEFAULT_PREFETCH = 8
 MAX_PREFETCH = 100
 #: Jobs per statement when prefetched jobs are handed back (SQLite's limit on parameters).
 RELEASE_CHUNK = 400
-#: Most outcomes waiting for the completer before the producer stops claiming (see _produce):
-#: above what a healthy drain keeps pending (80 at most with -c 8, docs/benchmarks.md).
+#: Most outcomes waiting for the completer before the producer stops claiming (see _produce). A
+#: healthy drain of no-op jobs with -c 8 and prefetch keeps up to about 250 finished jobs
+#: waiting for or in the completer's statement (docs/benchmarks.md), so it may touch this bound
+#: for a moment; after a reconnect it keeps the window from growing with each claim.
 OUTCOME_BACKLOG = 200
 #: Seconds between reads of which queues have a concurrency or rate limit (see _claim_gated).
 GATED_REFRESH = 1.0
