@@ -23,17 +23,20 @@ from django.apps import AppConfig
 _saved: dict[str, Any] = {}
 
 
+#: Where each replaced function is looked up: (engine module, name) pairs.
+_SITES = (("claim", "_claim_statement"), ("claim", "_partition_free"), ("insert", "_insert_statement"),
+          ("dedup", "_insert_statement"))  # fmt: skip
+
+
 def apply() -> None:
-    from django_jobs import engine
+    from django_jobs.engine import claim as claim_module
+    from django_jobs.engine import insert as insert_module
 
     if _saved:
         return
-    _saved.update(
-        _claim_statement=engine._claim_statement,
-        _insert_statement=engine._insert_statement,
-        _partition_free=engine._partition_free,
-    )
-    claim, insert = engine._claim_statement, engine._insert_statement
+    modules = _modules()
+    _saved.update({site: getattr(modules[site[0]], site[1]) for site in _SITES})
+    claim, insert = claim_module._claim_statement, insert_module._insert_statement
 
     def plain_claim_statement(d: Any, *, where: list[str], **kwargs: Any) -> tuple[str, list[Any]]:
         kept = [w for w in where if not w.startswith("j.queue NOT IN (SELECT q.name")]
@@ -42,17 +45,23 @@ def apply() -> None:
     def plain_insert_statement(d: Any, job: Any, *, wake: bool, once: bool = False, guarded: bool = False) -> Any:
         return insert(d, job, wake=wake, once=once, guarded=False)
 
-    engine._claim_statement = plain_claim_statement
-    engine._insert_statement = plain_insert_statement
-    engine._partition_free = lambda concurrency: "TRUE"
+    plain = {"_claim_statement": plain_claim_statement, "_insert_statement": plain_insert_statement,
+             "_partition_free": lambda concurrency: "TRUE"}  # fmt: skip
+    for module, name in _SITES:
+        setattr(modules[module], name, plain[name])
 
 
 def undo() -> None:
-    from django_jobs import engine
-
-    for name, value in _saved.items():
-        setattr(engine, name, value)
+    modules = _modules()
+    for (module, name), value in _saved.items():
+        setattr(modules[module], name, value)
     _saved.clear()
+
+
+def _modules() -> dict[str, Any]:
+    from django_jobs.engine import claim, dedup, insert
+
+    return {"claim": claim, "dedup": dedup, "insert": insert}
 
 
 class Stripped(AppConfig):

@@ -414,7 +414,7 @@ def test_enqueue_many_inserts_one_statement_per_chunk_and_notifies_once():
 def test_enqueue_many_cuts_a_chunk_by_the_size_of_its_json_too(monkeypatch):
     # PostgreSQL sends a chunk's rows as one jsonb value (at most 256 MiB): a chunk stops at
     # _CHUNK_JSON_CHARS of JSON however few rows it has. Shrunk here to about 3 jobs' worth.
-    monkeypatch.setattr(engine, "_CHUNK_JSON_CHARS", 3 * len('["xxxxxxxxxx"]{}') + 1)
+    monkeypatch.setattr(engine.insert, "_CHUNK_JSON_CHARS", 3 * len('["xxxxxxxxxx"]{}') + 1)
     with CaptureQueriesContext(connection) as queries:
         results = tasks.echo.enqueue_many([("x" * 10,) for _ in range(7)])
     inserts = [q for q in queries.captured_queries if "INSERT INTO django_jobs_job" in q["sql"]]
