@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
+    # Skipped on every other vendor: SQLite and MySQL/MariaDB alike.
     vendor = os.environ.get("JOBS_TEST_DB", "sqlite")
     for item in items:
         if "postgres" in item.keywords and vendor != "postgres":

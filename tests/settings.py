@@ -1,4 +1,4 @@
-"""Test settings. JOBS_TEST_DB=sqlite (default) or postgres picks the database.
+"""Test settings. JOBS_TEST_DB=sqlite (default), postgres or mysql (MariaDB/MySQL) picks the database.
 
 Subprocess workers started by the tests set JOBS_TEST_DB_NAME to the test database pytest-django
 created, so they work on the same rows.
@@ -74,8 +74,35 @@ elif VENDOR == "sqlite":
             "OPTIONS": {"transaction_mode": "IMMEDIATE"},
         }
     }
+elif VENDOR == "mysql":
+    # MariaDB >= 10.6 or MySQL >= 8.0.1; the same variables as scripts/ensure_mariadb.sh.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": SUBPROCESS_DB_NAME or os.environ.get("MYSQL_DATABASE", "test"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_TCP_PORT", "3306"),
+            "PASSWORD": os.environ.get("MYSQL_PWD", ""),
+            "OPTIONS": {
+                "charset": "utf8mb4",
+                # READ COMMITTED, not InnoDB's default REPEATABLE READ. Under REPEATABLE READ the
+                # claims (SELECT ... FOR UPDATE SKIP LOCKED) and guarded updates (UPDATE ... WHERE
+                # state = 'active' AND lease_token = ...) take next-key (gap) locks on every index
+                # range they scan, which concurrent inserts and claims then wait on: deadlocks. And
+                # its plain SELECTs read the transaction's first snapshot while its UPDATEs read the
+                # latest committed rows. READ COMMITTED locks only the rows it matches and reads
+                # what was committed, as on PostgreSQL.
+                "isolation_level": "read committed",
+            },
+            "TEST": {
+                "NAME": os.environ.get("JOBS_TEST_MY_NAME", "test_django_jobs"),
+                "CHARSET": "utf8mb4",
+            },
+        }
+    }
 else:
-    raise RuntimeError(f"JOBS_TEST_DB must be sqlite or postgres, not {VENDOR!r}")
+    raise RuntimeError(f"JOBS_TEST_DB must be sqlite, postgres or mysql, not {VENDOR!r}")
 
 TASKS = {
     "default": {"BACKEND": "django_jobs.backend.JobsBackend", "QUEUES": [], "OPTIONS": {}},
