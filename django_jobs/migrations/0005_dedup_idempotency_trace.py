@@ -4,6 +4,19 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def add_idempotency_key_mysql(apps, schema_editor):
+    """MySQL/MariaDB only: they have no partial indexes, so Django skips django_jobs_idempotency_key
+    (a UniqueConstraint with a condition) there. A plain unique index is the same guarantee, since
+    InnoDB lets NULLs repeat in a unique index."""
+    if schema_editor.connection.vendor == "mysql":
+        schema_editor.execute('CREATE UNIQUE INDEX django_jobs_idempotency_key_mysql ON django_jobs_job (backend, queue, idempotency_key)')
+
+
+def drop_idempotency_key_mysql(apps, schema_editor):
+    if schema_editor.connection.vendor == "mysql":
+        schema_editor.execute('DROP INDEX django_jobs_idempotency_key_mysql ON django_jobs_job')
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -48,6 +61,7 @@ class Migration(migrations.Migration):
             model_name='job',
             constraint=models.UniqueConstraint(condition=models.Q(('idempotency_key__isnull', False)), fields=('backend', 'queue', 'idempotency_key'), name='django_jobs_idempotency_key'),
         ),
+        migrations.RunPython(add_idempotency_key_mysql, drop_idempotency_key_mysql, atomic=False),
         migrations.AddField(
             model_name='jobdedup',
             name='job',

@@ -3,6 +3,18 @@
 from django.db import migrations, models
 
 
+def add_scheduler_tick_mysql(apps, schema_editor):
+    """MySQL/MariaDB only: a plain unique index for django_jobs_scheduler_tick, which Django skips
+    there (see add_idempotency_key_mysql in 0005)."""
+    if schema_editor.connection.vendor == "mysql":
+        schema_editor.execute('CREATE UNIQUE INDEX django_jobs_scheduler_tick_mysql ON django_jobs_job (scheduler_key)')
+
+
+def drop_scheduler_tick_mysql(apps, schema_editor):
+    if schema_editor.connection.vendor == "mysql":
+        schema_editor.execute('DROP INDEX django_jobs_scheduler_tick_mysql ON django_jobs_job')
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -49,6 +61,7 @@ class Migration(migrations.Migration):
             model_name='job',
             constraint=models.UniqueConstraint(condition=models.Q(('scheduler_key__isnull', False)), fields=('scheduler_key',), name='django_jobs_scheduler_tick'),
         ),
+        migrations.RunPython(add_scheduler_tick_mysql, drop_scheduler_tick_mysql, atomic=False),
         migrations.AddIndex(
             model_name='schedule',
             index=models.Index(condition=models.Q(('enabled', True)), fields=['next_run_at'], name='django_jobs_schedule_due'),
