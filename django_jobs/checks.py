@@ -3,7 +3,7 @@
 E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPTIONS
 E003 DATABASE alias unknown or vendor unsupported E004 database too old
 E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
-E007 invalid SCHEDULES declaration
+E007 invalid SCHEDULES declaration                E008 MySQL/MariaDB without SKIP LOCKED
 W001 invalid name in QUEUES                      W002 admin without rangefilter
 """
 
@@ -15,9 +15,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 
-from .db import MIN_POSTGRESQL, MIN_SQLITE, sqlite_version
-
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+from .db import MIN_MARIADB, MIN_MYSQL, MIN_POSTGRESQL, MIN_SQLITE, SUPPORTED_VENDORS, sqlite_version
 
 
 def check_backend(backend: Any) -> list[checks.CheckMessage]:
@@ -79,7 +77,7 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
             errors.append(
                 checks.Error(
                     f"{where}: database {conf.DATABASE!r} uses {engine!r}, which django-jobs does not support.",
-                    hint="Use PostgreSQL (production) or SQLite (development).",
+                    hint="Use PostgreSQL or MariaDB/MySQL (production), or SQLite (development).",
                     id="django_jobs.E003",
                 )
             )
@@ -144,13 +142,17 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
 
 
 def _vendor_of(alias: str, engine: str) -> str:
-    """The vendor of a database without connecting (PostGIS counts as PostgreSQL)."""
+    """The vendor of a database without connecting (PostGIS counts as PostgreSQL, SpatiaLite as
+    SQLite, Django's MySQL GIS backend as MySQL). Known engines are told by name, so a missing
+    driver (MySQLdb, psycopg) is not imported here."""
     from django.db import connections
 
     if "postgresql" in engine or "postgis" in engine:
         return "postgresql"
     if "sqlite" in engine or "spatialite" in engine:
         return "sqlite"
+    if "mysql" in engine:
+        return "mysql"
     try:  # a custom backend: ask its wrapper (imports the driver, does not connect)
         return connections[alias].vendor
     except Exception:  # noqa: BLE001 - driver missing or alias unknown: unsupported either way
@@ -159,7 +161,7 @@ def _vendor_of(alias: str, engine: str) -> str:
 
 @checks.register(checks.Tags.database)
 def check_database_version(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E004: the jobs database is too old for the SQL the engine uses (runs with --database)."""
+    """E004, E008: the jobs database is too old for the SQL the engine uses (runs with --database)."""
     from django.db import connections
 
     from .db import jobs_database_aliases
@@ -189,7 +191,36 @@ def check_database_version(app_configs: Any = None, databases: Any = None, **kwa
                     id="django_jobs.E004",
                 )
             )
+        elif conn.vendor == "mysql":
+            conn.ensure_connection()
+            problem = mysql_version_problem(conn.mysql_version, conn.mysql_is_mariadb)
+            if problem:
+                errors.append(
+                    checks.Error(
+                        f"Database {alias!r} is {problem}",
+                        hint=f"Upgrade to MariaDB {_dotted(MIN_MARIADB)} or MySQL {_dotted(MIN_MYSQL)} or newer.",
+                        id="django_jobs.E008",
+                    )
+                )
     return errors
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def mysql_version_problem(version: tuple[int, ...], mariadb: bool) -> str | None:
+    """Why a MySQL or MariaDB server of ``version`` cannot run django-jobs, or None if it can.
+
+    Workers claim jobs with ``SELECT ... FOR UPDATE SKIP LOCKED``, which MySQL has since 8.0.1
+    and MariaDB since 10.6. (``version`` as Django's ``connection.mysql_version``.)"""
+    name, minimum = ("MariaDB", MIN_MARIADB) if mariadb else ("MySQL", MIN_MYSQL)
+    if tuple(version) >= minimum:
+        return None
+    return (
+        f"{name} {_dotted(version)}; django-jobs needs {name} {_dotted(minimum)} or newer "
+        "(SELECT ... FOR UPDATE SKIP LOCKED)."
+    )
 
 
 def check_worker_processes(alias: str, processes: int) -> list[checks.CheckMessage]:

@@ -17,9 +17,11 @@ from django.dispatch import receiver
 
 logger = logging.getLogger("django_jobs.db")
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")  # Django's vendor "mysql" is MySQL and MariaDB
 MIN_POSTGRESQL = 13  # gen_random_uuid() in core
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
+MIN_MYSQL = (8, 0, 1)  # SELECT ... FOR UPDATE SKIP LOCKED
+MIN_MARIADB = (10, 6)  # SELECT ... FOR UPDATE SKIP LOCKED
 
 # SQLite reports a missing table as an OperationalError too; that one no retry will fix.
 _PERMANENT_MESSAGES = ("no such table", "no such column", "syntax error", "has no column named")

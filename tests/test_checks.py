@@ -10,7 +10,7 @@ from django.tasks import task_backends
 from django.test import override_settings
 
 from django_jobs.backend import JobsBackend
-from django_jobs.checks import check_backend, check_database_version, check_worker_processes
+from django_jobs.checks import check_backend, check_database_version, check_worker_processes, mysql_version_problem
 
 BACKEND = "django_jobs.backend.JobsBackend"
 
@@ -122,6 +122,46 @@ def test_unsupported_database_engine_is_e003():
 @pytest.mark.django_db
 def test_supported_database_version_has_no_e004():
     assert check_database_version(databases=["default"]) == []
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.parametrize(
+    "engine", ["django.db.backends.mysql", "django.contrib.gis.db.backends.mysql", "django.db.backends.postgresql"]
+)
+def test_mysql_and_mariadb_are_supported_vendors(engine):
+    # Told by the engine's name: neither connects nor needs the driver (MySQLdb) installed.
+    databases = {**settings.DATABASES, "other": {"ENGINE": engine, "NAME": "x"}}
+    with override_settings(DATABASES=databases, DJANGO_JOBS={"DATABASE": "other"}):
+        assert task_backends["default"].check() == []
+
+
+@pytest.mark.parametrize(
+    ("version", "mariadb", "too_old"),
+    [
+        ((8, 0, 0), False, True),
+        ((5, 7, 44), False, True),
+        ((8, 0, 1), False, False),
+        ((8, 4, 3), False, False),
+        ((9, 1, 0), False, False),
+        ((10, 5, 27), True, True),
+        ((10, 6, 0), True, False),
+        ((10, 11, 19), True, False),
+        ((11, 4, 2), True, False),
+        # A MariaDB version is never read as a MySQL one, nor the reverse.
+        ((10, 5, 27), False, False),
+        ((8, 4, 3), True, True),
+    ],
+)
+def test_mysql_and_mariadb_without_skip_locked_are_e008(version, mariadb, too_old):
+    problem = mysql_version_problem(version, mariadb)
+    if not too_old:
+        assert problem is None
+        return
+    name, needed = ("MariaDB", "10.6") if mariadb else ("MySQL", "8.0.1")
+    assert problem == (
+        f"{name} {'.'.join(map(str, version))}; django-jobs needs {name} {needed} or newer "
+        "(SELECT ... FOR UPDATE SKIP LOCKED)."
+    )
 
 
 def test_several_worker_processes_on_sqlite_is_e005():
