@@ -1,4 +1,5 @@
-"""Example project: SQLite by default (db.sqlite3 here); DATABASE_URL=postgres://... for PostgreSQL."""
+"""Example project: SQLite by default (db.sqlite3 here); DATABASE_URL=postgres://... for PostgreSQL,
+DATABASE_URL=mysql://... for MariaDB or MySQL."""
 
 import os
 from pathlib import Path
@@ -49,16 +50,28 @@ TIME_ZONE = "UTC"
 
 
 def database_from_url(url: str) -> dict:
+    """postgres://user:pass@host:port/name or mysql://user:pass@host:port/name (MariaDB or MySQL)."""
     parts = urlparse(url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise ValueError(f"DATABASE_URL must start with postgres://; got {parts.scheme!r}")
+    if parts.scheme in ("postgres", "postgresql"):
+        engine, default_name, options = "django.db.backends.postgresql", "postgres", {}
+    elif parts.scheme in ("mysql", "mariadb"):
+        # READ COMMITTED: claims (SKIP LOCKED) and guarded updates must not take REPEATABLE READ's
+        # gap locks, which deadlock concurrent workers; see docs/howto/mariadb-mysql.md.
+        engine, default_name = "django.db.backends.mysql", ""
+        options = {"charset": "utf8mb4", "isolation_level": "read committed"}
+    else:
+        raise ValueError(f"DATABASE_URL must start with postgres:// or mysql://; got {parts.scheme!r}")
+    name = unquote(parts.path.lstrip("/")) or default_name
+    if not name:
+        raise ValueError(f"DATABASE_URL must name the database, as in {parts.scheme}://user:pass@host:3306/name")
     return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "ENGINE": engine,
+        "NAME": name,
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
+        "OPTIONS": options,
     }
 
 
