@@ -92,7 +92,8 @@ elif VENDOR == "mysql":
                 # range they scan, which concurrent inserts and claims then wait on: deadlocks. And
                 # its plain SELECTs read the transaction's first snapshot while its UPDATEs read the
                 # latest committed rows. READ COMMITTED locks only the rows it matches and reads
-                # what was committed, as on PostgreSQL.
+                # what was committed, as on PostgreSQL. (Django's default too: spelled out so
+                # that it stays.)
                 "isolation_level": "read committed",
             },
             "TEST": {
