@@ -24,8 +24,7 @@ _saved: dict[str, Any] = {}
 
 
 #: Where each replaced function is looked up: (engine module, name) pairs.
-_SITES = (("claim", "_claim_statement"), ("claim", "_partition_free"), ("insert", "_insert_statement"),
-          ("dedup", "_insert_statement"))  # fmt: skip
+_SITES = (("claim", "_claim_statement"), ("claim", "_partition_free"), ("insert", "_insert_job"), ("dedup", "_insert_job"))  # fmt: skip
 
 
 def apply() -> None:
@@ -36,17 +35,19 @@ def apply() -> None:
         return
     modules = _modules()
     _saved.update({site: getattr(modules[site[0]], site[1]) for site in _SITES})
-    claim, insert = claim_module._claim_statement, insert_module._insert_statement
+    claim, insert = claim_module._claim_statement, insert_module._insert_job
 
     def plain_claim_statement(d: Any, *, where: list[str], **kwargs: Any) -> tuple[str, list[Any]]:
         kept = [w for w in where if not w.startswith("j.queue NOT IN (SELECT q.name")]
         return claim(d, where=kept, **kwargs)
 
-    def plain_insert_statement(d: Any, job: Any, *, wake: bool, once: bool = False, guarded: bool = False) -> Any:
-        return insert(d, job, wake=wake, once=once, guarded=False)
+    def plain_insert_job(
+        cursor: Any, d: Any, job: Any, *, wake: bool, once: bool = False, guarded: bool = False
+    ) -> Any:
+        return insert(cursor, d, job, wake=wake, once=once, guarded=False)
 
-    plain = {"_claim_statement": plain_claim_statement, "_insert_statement": plain_insert_statement,
-             "_partition_free": lambda concurrency: "TRUE"}  # fmt: skip
+    plain = {"_claim_statement": plain_claim_statement, "_insert_job": plain_insert_job,
+             "_partition_free": lambda d, concurrency: "TRUE"}  # fmt: skip
     for module, name in _SITES:
         setattr(modules[module], name, plain[name])
 

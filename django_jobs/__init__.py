@@ -1,48 +1,50 @@
-"""django-jobs: durable background jobs for Django's Tasks framework, stored in your database."""
+"""django-jobs: durable background jobs for Django's Tasks framework, stored in your database.
+
+The public names below are loaded on first use (PEP 562), so ``import django_jobs`` needs
+neither settings nor a ready app registry, and the modules behind them import the models at
+their top like any Django module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .backend import JobCall, call  # noqa: E402 - the public names, importable without settings
-from .dedup import Dedup  # noqa: E402
-from .eventlog import EventPage, events, follow_events  # noqa: E402
-from .exceptions import Fail, QueueFull, Retry, Snooze  # noqa: E402
-from .flows import Flow, flow  # noqa: E402
-from .queues import queue  # noqa: E402
-from .schedules import schedule, unschedule  # noqa: E402
-from .tracing import trace  # noqa: E402
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "Dedup": "dedup",
+    "EventPage": "eventlog",
+    "Fail": "exceptions",
+    "Flow": "flows",
+    "JobCall": "backend",
+    "QueueFull": "exceptions",
+    "Retry": "exceptions",
+    "Snooze": "exceptions",
+    "call": "backend",
+    "cancel": "api",
+    "events": "eventlog",
+    "flow": "flows",
+    "follow_events": "eventlog",
+    "queue": "queues",
+    "retry": "api",
+    "schedule": "schedules",
+    "trace": "tracing",
+    "unschedule": "schedules",
+}
 
-__all__ = [
-    "Dedup",
-    "EventPage",
-    "Fail",
-    "Flow",
-    "JobCall",
-    "QueueFull",
-    "Retry",
-    "Snooze",
-    "__version__",
-    "call",
-    "cancel",
-    "events",
-    "flow",
-    "follow_events",
-    "queue",
-    "retry",
-    "schedule",
-    "trace",
-    "unschedule",
-]
+__all__ = ["__version__", *sorted(_EXPORTS)]
 
 
-def cancel(result_id, *, backend="default"):  # noqa: ANN001, ANN201 - see django_jobs.api.cancel
-    """Cancel a job; see :func:`django_jobs.api.cancel`."""
-    from .api import cancel as _cancel
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_jobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
 
-    return _cancel(result_id, backend=backend)
 
-
-def retry(result_id, *, backend="default"):  # noqa: ANN001, ANN201 - see django_jobs.api.retry
-    """Re-queue a failed or cancelled job; see :func:`django_jobs.api.retry`."""
-    from .api import retry as _retry
-
-    return _retry(result_id, backend=backend)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

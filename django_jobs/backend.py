@@ -394,7 +394,10 @@ def validate_queue_name(name: Any) -> None:
 #: How deep one task argument (a return value, progress) may nest lists and dicts: ``[[1]]`` is
 #: 2 levels. Deeper values would exhaust Python's recursion limit in ``json`` (and in Django's
 #: ``normalize_json``) somewhere between enqueue and the worker; ArgumentTooDeep says so first.
-MAX_JSON_DEPTH = 100
+#: 30: MariaDB refuses JSON nested 32 levels (its JSON columns check ``JSON_VALID``), and an
+#: argument sits one level down in the stored ``args`` list; one limit on every database, so a
+#: task that enqueues on one enqueues on all.
+MAX_JSON_DEPTH = 30
 
 
 def check_json(value: Any, where: str) -> None:

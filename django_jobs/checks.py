@@ -15,7 +15,14 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 
-from .db import MIN_MARIADB, MIN_MYSQL, MIN_POSTGRESQL, MIN_SQLITE, SUPPORTED_VENDORS, sqlite_version
+from .db import jobs_database_aliases
+from .drivers import DRIVERS
+from .drivers.mysql import MIN_MARIADB, MIN_MYSQL
+from .drivers.postgresql import MIN_VERSION as MIN_POSTGRESQL
+from .drivers.sqlite import MIN_VERSION as MIN_SQLITE
+from .drivers.sqlite import version as sqlite_version
+
+SUPPORTED_VENDORS = tuple(DRIVERS)
 
 
 def check_backend(backend: Any) -> list[checks.CheckMessage]:
@@ -163,8 +170,6 @@ def _vendor_of(alias: str, engine: str) -> str:
 def check_database_version(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E004, E008: the jobs database is too old for the SQL the engine uses (runs with --database)."""
     from django.db import connections
-
-    from .db import jobs_database_aliases
 
     errors: list[checks.CheckMessage] = []
     for alias in sorted(jobs_database_aliases() & set(databases or ())):

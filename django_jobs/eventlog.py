@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db import connections
 
+from .drivers import driver
 from .exceptions import JobsError
 
 __all__ = ["EventPage", "InvalidEventCursor", "events", "follow_events"]
@@ -55,35 +56,12 @@ def _parse(after: str | None) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-#: The oldest transaction still running that may write to this database: the snapshot's
-#: in-progress ids, less those of sessions seen in other databases (transaction ids are the whole
-#: server's, so another database's long transaction would otherwise hold our events back). A
-#: transaction whose database cannot be seen (another user's session without pg_read_all_stats,
-#: a prepared transaction) counts as ours: the horizon errs on the side of waiting. With nothing
-#: running, the snapshot's xmax: every older transaction has ended.
-#: The reader's own transaction, when it has written, counts as running too: its events are
-#: not committed, and may yet roll back.
-_HORIZON_SQL = """
-SELECT LEAST(
-    COALESCE(
-        (SELECT min(x::text::bigint) FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-         WHERE x::text::bigint % 4294967296 NOT IN (
-             SELECT backend_xid::text::bigint FROM pg_stat_activity
-             WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database())),
-        pg_snapshot_xmax(pg_current_snapshot())::text::bigint),
-    pg_current_xact_id_if_assigned()::text::bigint)
-"""
-
-
 def _horizon(using: str) -> int | None:
-    """PostgreSQL: events of transactions below this id are all committed or gone. None
-    elsewhere."""
-    conn = connections[using]
-    if conn.vendor != "postgresql":
-        return None
-    with conn.cursor() as cursor:
-        cursor.execute(_HORIZON_SQL)
-        return cursor.fetchone()[0]
+    """Events of transactions below this id are all committed or gone (the writer's
+    transaction id orders events where the driver has one); None elsewhere."""
+    d = driver(using)
+    with d.connection.cursor() as cursor:
+        return d.events_horizon(cursor)
 
 
 def events(
@@ -170,7 +148,7 @@ def follow_events(
 
     using = task_backends[backend].database
     listener = None
-    if connections[using].vendor == "postgresql":
+    if driver(using).LISTEN_NOTIFY:
         listener = connections.create_connection(using)
         listener.ensure_connection()
         listener.connection.autocommit = True

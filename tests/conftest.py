@@ -18,13 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
-    # Skipped on every other vendor: SQLite and MySQL/MariaDB alike.
+    # "postgres": skipped on every other vendor, SQLite and MySQL/MariaDB alike. "needs(FLAG)":
+    # skipped where the database's driver lacks that capability (django_jobs.drivers.Driver).
     vendor = os.environ.get("JOBS_TEST_DB", "sqlite")
+    from django_jobs.drivers import driver
+
     for item in items:
         if "postgres" in item.keywords and vendor != "postgres":
             item.add_marker(
                 pytest.mark.skip(reason="PostgreSQL-only feature; runs in the PostgreSQL half of make test")
             )
+        for mark in item.iter_markers("needs"):
+            missing = [flag for flag in mark.args if not getattr(driver("default"), flag)]
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=f"the {vendor} driver has no {', '.join(missing)}"))
 
 
 def wait_until(

@@ -663,6 +663,7 @@ def index_definitions() -> dict[str, str]:
         return {name: sql or "" for name, sql in cursor.fetchall()}
 
 
+@pytest.mark.needs("PARTIAL_INDEXES")
 @db
 def test_hot_path_indexes_are_partial():
     definitions = index_definitions()

@@ -110,7 +110,7 @@ def test_djangos_own_statements_stay_unprepared_and_uncounted():
 
 
 def test_a_pooler_refusing_prepared_statements_makes_the_process_send_them_unprepared(monkeypatch, caplog):
-    from django_jobs import db
+    from django_jobs.drivers import postgresql as db
 
     connection.close()
     drain_one_by_one(1)  # the claim and the outcome batch are prepared on this connection

@@ -12,7 +12,7 @@ Rules every function follows:
   depend on the clocks of many worker hosts) and this process's clock on SQLite (one host).
 * The hot paths (claim, record outcomes) are single statements written in SQL, because they
   run thousands of times a second and one round trip beats three; the vendor spellings come
-  from :class:`django_jobs.db.Dialect`.
+  from :class:`django_jobs.db.Driver`.
 
 One module per group of verbs; this package re-exports their public names, so callers
 write ``engine.claim_jobs(...)``. Inside the package, modules import downward only::
@@ -30,7 +30,6 @@ from .common import (
     METRIC_TABLE,
     QUEUE_TABLE,
     START_TABLE,
-    UNFINISHED_SQL,
     ClaimedJob,
     NewJob,
     Outcome,

@@ -9,23 +9,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.utils import timezone
 
-from ..db import Dialect, hot_cursor
+from ..drivers import Driver, driver
+from ..drivers.base import UNFINISHED_SQL
 from ..models import JobStart
 from .common import (
-    _CLAIM_COLUMNS,
     JOB_TABLE,
     QUEUE_TABLE,
     START_TABLE,
-    UNFINISHED_SQL,
     ClaimedJob,
-    _claim_payload,
-    _sqlite_atomic,
     events_channel,
     events_enabled,
 )
-from .effects import _pg_event_cte, _pg_event_notify, write_events
+from .effects import write_events
 from .partitions import _lock_queue
 
 # -- claim ----------------------------------------------------------------------------------
@@ -38,7 +34,7 @@ _GATED_SQL = (
 )
 
 
-def _partition_free(concurrency: int) -> str:
+def _partition_free(d: Driver, concurrency: int) -> str:
     """The claim condition of a partitioned candidate ``j`` (always true without a partition).
 
     ``concurrency`` 1: no earlier job of its (queue, partition) is unfinished (so partitions run
@@ -52,18 +48,17 @@ def _partition_free(concurrency: int) -> str:
     fewer than ``concurrency`` run (order is then no longer guaranteed).
     """
     same = "p.queue = j.queue AND p.partition_key = j.partition_key"
-    earlier = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state IN {UNFINISHED_SQL} AND p.id < j.id"
-    running = f"SELECT 1 FROM {JOB_TABLE} p WHERE {same} AND p.state = 'active' AND p.partition_key IS NOT NULL"
+    earlier = f"FROM {JOB_TABLE} p WHERE {same} AND p.state IN {UNFINISHED_SQL} AND p.id < j.id"
+    running = f"FROM {JOB_TABLE} p WHERE {same} AND p.state = 'active' AND p.partition_key IS NOT NULL"
     if concurrency == 1:
-        return f"(j.partition_key IS NULL OR (NOT EXISTS ({earlier}) AND NOT EXISTS ({running})))"
+        return f"(j.partition_key IS NULL OR (NOT EXISTS (SELECT 1 {earlier}) AND NOT EXISTS (SELECT 1 {running})))"
     return (
-        f"(j.partition_key IS NULL OR ((SELECT COUNT(*) FROM ({earlier} LIMIT {concurrency}) e) < {concurrency} "
-        f"AND (SELECT COUNT(*) FROM ({running} LIMIT {concurrency}) r) < {concurrency}))"
+        f"(j.partition_key IS NULL OR ({d.fewer_than(earlier, concurrency)} AND {d.fewer_than(running, concurrency)}))"
     )
 
 
 def _claim_statement(
-    d: Dialect,
+    d: Driver,
     *,
     now: datetime | None,
     lease_seconds: float,
@@ -73,47 +68,22 @@ def _claim_statement(
     limit: int,
     lease_token: uuid.UUID,
     include_blocked: bool = False,
-) -> tuple[str, list[Any]]:
-    """The claim: select the ready ids matching ``where`` (about candidate ``j``) in claim
-    order, locking only those rows and skipping rows another worker holds (``FOR UPDATE SKIP
-    LOCKED``; on SQLite the statement holds the database write lock instead), and mark them
-    active with ``lease_token`` and an expiry of database time + ``lease_seconds``.
+) -> dict[str, Any]:
+    """What the claim asks of the driver (:meth:`Driver.claim_jobs`): the ready jobs matching
+    ``where`` (about candidate ``j``), in claim order, marked active with ``lease_token`` and an
+    expiry of database time + ``lease_seconds``.
 
     The caller picks the token before it sends the claim: should the answer be lost after the
     commit, the caller still knows which rows the claim took (``release_jobs(lease_tokens=)``)."""
-    now_sql, now_params = d.now(now)
-    lease_sql, lease_params = d.now_plus(now, lease_seconds)
-    # "Not blocked" spelled as in the ready indexes' condition, so both vendors use them.
-    ready = "j.state = 'waiting'" if include_blocked else f"j.state = 'waiting' AND {d.not_blocked('j')}"
-    select_ids = (
-        f"SELECT j.id FROM {JOB_TABLE} j WHERE {ready} AND {' AND '.join(where or ['1 = 1'])} "
-        f"ORDER BY j.priority DESC, j.seq, j.id LIMIT %s {d.skip_locked()}"
-    )
-    returning = ", ".join([*_CLAIM_COLUMNS[:-1], _claim_payload(d)])
-    sql = (
-        f"UPDATE {JOB_TABLE} SET state = 'active', attempts = attempts + 1, "
-        f"lease_token = %s, lease_expires_at = {lease_sql}, worker_id = %s, "
-        f"worker_ids = {d.json_append_text('worker_ids', '%s')}, "
-        f"started_at = COALESCE(started_at, {now_sql}), last_attempted_at = {now_sql} "
-        # No "AND state = 'waiting'" here: the ids were read and locked as waiting by this very
-        # statement, so it holds. Spelled out, it let PostgreSQL's planner AND the id list with
-        # django_jobs_unfinished_idx (whose condition it implies) and read that whole index (the
-        # backlog: 20,000 entries, 1.3 of 2.2 ms) for every claim when its statistics are stale.
-        f"WHERE {d.id_in(select_ids)} RETURNING {returning}"
-    )
-    params = [d.uuid(lease_token), *lease_params, worker_id, worker_id, *now_params, *now_params, *where_params, limit]
-    if d.pg and events_enabled():
-        # The "active" events ride on the claim (SQLite: _run_claim writes them).
-        data = "jsonb_build_object('attempt', r.attempts, 'worker', r.worker_id)"
-        sql = (
-            f"WITH r AS ({sql}, worker_id), {_pg_event_cte('r', "'active'", data)} "
-            f"SELECT {', '.join('r.' + c for c in _CLAIM_COLUMNS)} FROM r, {_pg_event_notify('r')}"
-        )
-        params.append(events_channel())
-    return sql, params
+    # "Not blocked" spelled as in the ready indexes' condition, so every database uses them.
+    ready = ["j.state = 'waiting'"] if include_blocked else ["j.state = 'waiting'", d.not_blocked("j")]
+    return {
+        "where": " AND ".join([*ready, *where]), "params": where_params, "limit": limit, "lease_token": lease_token,
+        "worker_id": worker_id, "now": now, "lease_seconds": lease_seconds,
+    }  # fmt: skip
 
 
-def _queue_scope(d: Dialect, queues: list[str] | None, backend: str | None) -> tuple[list[str], list[Any]]:
+def _queue_scope(d: Driver, queues: list[str] | None, backend: str | None) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     params: list[Any] = []
     # One queue: an equality, so the database walks django_jobs_ready_queue_idx in claim order.
@@ -131,12 +101,12 @@ def _queue_scope(d: Dialect, queues: list[str] | None, backend: str | None) -> t
     return where, params
 
 
-def _run_claim(d: Dialect, using: str, sql: str, params: list[Any]) -> list[ClaimedJob]:
-    with _sqlite_atomic(d), hot_cursor(using, generic=True) as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+def _run_claim(d: Driver, using: str, claim: dict[str, Any]) -> list[ClaimedJob]:
+    fused = d.FUSED_EFFECTS and events_enabled()
+    with d.effects_atomic(), d.cursor(hot=True, generic=True) as cursor:
+        rows = d.claim_jobs(cursor, **claim, events_channel=events_channel() if fused else None)
         jobs = [_claimed(d, row) for row in rows]
-        if not d.pg:
+        if not d.FUSED_EFFECTS:
             write_events(
                 cursor,
                 d,
@@ -174,7 +144,7 @@ def claim_jobs(
     """
     if limit <= 0:
         return []
-    d = Dialect(using)
+    d = driver(using)
     where, where_params = _queue_scope(d, queues, backend)
     if job_ids is not None:
         if not job_ids:
@@ -191,17 +161,17 @@ def claim_jobs(
         # per claim on a 100,000-job backlog, against 0.3 ms this way).
         skipped = f"(q.paused OR {_GATED_SQL})" if skip_gated else "q.paused"
         where.append(f"j.queue NOT IN (SELECT q.name FROM {QUEUE_TABLE} q WHERE {skipped})")
-        where.append(_partition_free(1))
-    sql, params = _claim_statement(
+        where.append(_partition_free(d, 1))
+    claim = _claim_statement(
         d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
         limit=limit, lease_token=lease_token or uuid.uuid4(), include_blocked=job_ids is not None,
     )  # fmt: skip
-    return _run_claim(d, using, sql, params)
+    return _run_claim(d, using, claim)
 
 
 def gated_queues(*, using: str, queues: list[str] | None) -> list[str]:
     """The queues among ``queues`` (None: all) with a concurrency or rate limit, not paused."""
-    d = Dialect(using)
+    d = driver(using)
     where, params = f"NOT q.paused AND {_GATED_SQL}", []
     if queues:
         sql, params = d.in_list("q.name", queues)
@@ -249,18 +219,14 @@ def claim_gated_jobs(
     """
     if limit <= 0:
         return [], None
-    d = Dialect(using)
+    d = driver(using)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         row = _lock_queue(cursor, d, queue, _GATE_COLUMNS)
         if row is None or row[0]:
             return [], None
         _, concurrency, rate, window, part_conc, part_rate, part_window = row
         if now is None:
-            if d.pg:
-                cursor.execute("SELECT clock_timestamp()")
-                now = cursor.fetchone()[0]
-            else:
-                now = timezone.now()
+            now = d.clock(cursor)
         n, wake = limit, None
         if concurrency is not None:
             cursor.execute(f"SELECT COUNT(*) FROM {JOB_TABLE} WHERE queue = %s AND state = 'active'", [queue])
@@ -282,7 +248,7 @@ def claim_gated_jobs(
         if n <= 0:
             return [], wake
         where, where_params = _queue_scope(d, [queue], backend)
-        where.append(_partition_free(part_conc or 1))
+        where.append(_partition_free(d, part_conc or 1))
         if part_rate is not None:
             part_since = now - timedelta(seconds=part_window)
             cursor.execute(
@@ -296,11 +262,11 @@ def claim_gated_jobs(
                 f"AND p.id < j.id)))"
             )
             where_params.append(part_rate)
-        sql, params = _claim_statement(
+        claim = _claim_statement(
             d, now=now, lease_seconds=lease_seconds, worker_id=worker_id, where=where, where_params=where_params,
             limit=n, lease_token=lease_token or uuid.uuid4(),
         )  # fmt: skip
-        jobs = _run_claim(d, using, sql, params)
+        jobs = _run_claim(d, using, claim)
         starts = [(queue, "") for _ in jobs] if rate is not None else []
         if part_rate is not None:
             starts += [(queue, j.partition_key) for j in jobs if j.partition_key is not None]
@@ -320,7 +286,7 @@ def claim_gated_jobs(
     return jobs, wake
 
 
-def _claimed(d: Dialect, row: tuple[Any, ...]) -> ClaimedJob:
+def _claimed(d: Driver, row: tuple[Any, ...]) -> ClaimedJob:
     (jid, backend, queue, path, prio, attempts, max_attempts, token, enq, started, last, avail, seq, parent,
      trace_id, partition, payload) = row  # fmt: skip
     args, kwargs, options, errors, worker_ids = json.loads(payload)

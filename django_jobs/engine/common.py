@@ -3,19 +3,18 @@ reading a job back, and the settings the hot paths consult."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 
 from ..conf import get_settings
-from ..db import Dialect
+from ..drivers import Driver
+from ..drivers.base import CHUNK
 from ..models import Event, Job, JobStart, Metric, QueueState
-from ..states import UNFINISHED_STATES
 
 logger = logging.getLogger("django_jobs.engine")
 
@@ -26,37 +25,6 @@ EVENT_TABLE = Event._meta.db_table
 METRIC_TABLE = Metric._meta.db_table
 #: The unfinished states as an SQL list, spelled as the condition of django_jobs_unfinished_idx
 #: so the planner can use that index.
-UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
-
-# Columns returned by a claim, in order; ClaimedJob mirrors them.
-#: What a claim returns of each job: these columns, then its JSON columns as one JSON array
-#: (:func:`_claim_payload`), so the worker decodes one string per job instead of five.
-_CLAIM_COLUMNS = (
-    "id",
-    "backend",
-    "queue",
-    "task_path",
-    "priority",
-    "attempts",
-    "max_attempts",
-    "lease_token",
-    "enqueued_at",
-    "started_at",
-    "last_attempted_at",
-    "available_at",
-    "seq",
-    "parent_id",
-    "trace_id",
-    "partition_key",
-    "payload",
-)
-_CLAIM_JSON = ("args", "kwargs", "options", "errors", "worker_ids")
-
-
-def _claim_payload(d: Dialect) -> str:
-    if d.pg:
-        return f"jsonb_build_array({', '.join(_CLAIM_JSON)})::text AS payload"
-    return f"json_array({', '.join(f'json({c})' for c in _CLAIM_JSON)}) AS payload"
 
 
 @dataclass(slots=True)
@@ -194,7 +162,7 @@ def _mark_saved(job: Job | NewJob, using: str) -> None:
 #: or connection set lower is honoured, see _rows_per_statement) and PostgreSQL's 65,535. Large
 #: enough that the round trip per statement is a small part of its cost, small enough that one
 #: statement's SQL and parameters stay around 100 KiB however many jobs the caller sends.
-INSERT_CHUNK = 500
+INSERT_CHUNK = CHUNK
 
 
 def events_enabled() -> bool:
@@ -207,14 +175,6 @@ def events_channel() -> str:
     return f"{get_settings().NOTIFY_CHANNEL}_events"
 
 
-def _sqlite_atomic(d: Dialect) -> Any:
-    """SQLite with events: a transaction around a change and its events, which are written by a
-    second statement there (PostgreSQL writes them in the change's own statement)."""
-    if d.pg or not events_enabled():
-        return contextlib.nullcontext()
-    return transaction.atomic(using=d.using)
-
-
 #: The columns :func:`_read_job` reads: what a result and the dedup decisions need.
 _READ_COLUMNS = (
     "id, backend, queue, task_path, args, kwargs, state, priority, available_at, seq, options, attempts, "
@@ -223,7 +183,7 @@ _READ_COLUMNS = (
 )
 
 
-def _read_job(cursor: Any, d: Dialect, using: str, where: str, params: list[Any]) -> Job | None:
+def _read_job(cursor: Any, d: Driver, using: str, where: str, params: list[Any]) -> Job | None:
     """One job row read with raw SQL (the ORM's query compilation cost more than the query on
     the duplicate path), or None."""
     cursor.execute(f"SELECT {_READ_COLUMNS} FROM {JOB_TABLE} WHERE {where}", params)
@@ -263,7 +223,7 @@ def _read_job(cursor: Any, d: Dialect, using: str, where: str, params: list[Any]
     return job
 
 
-def _job_state(cursor: Any, d: Dialect, job_id: uuid.UUID) -> str | None:
+def _job_state(cursor: Any, d: Driver, job_id: uuid.UUID) -> str | None:
     cursor.execute(f"SELECT state FROM {JOB_TABLE} WHERE id = {d.cast('%s', 'uuid')}", [d.uuid(job_id)])
     row = cursor.fetchone()
     return None if row is None else row[0]

@@ -12,14 +12,14 @@ from typing import Any, NamedTuple
 from django.db import OperationalError, connections, transaction
 from django.utils import timezone
 
-from ..db import Dialect, is_transient
+from ..db import is_transient
+from ..drivers import driver
 from ..models import Job, JobLog
 from ..states import FINISHED_STATES, JobState
 from .common import (
     JOB_TABLE,
     _cancelled_error,
     _drop_broken_connection,
-    _sqlite_atomic,
     events_channel,
     events_enabled,
     logger,
@@ -29,8 +29,6 @@ from .effects import (
     _finished_elsewhere,
     _job_events,
     _notify_cancel,
-    _pg_event_cte,
-    _pg_event_notify,
     notify,
     write_events,
 )
@@ -103,7 +101,7 @@ def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime) -> CancelResult
                 break  # unknown, finished, or already flagged: nothing to do
         if change == "cancelled":
             with connections[using].cursor() as cursor:
-                _finished_elsewhere(cursor, Dialect(using), [job_id], "cancelled", now)
+                _finished_elsewhere(cursor, driver(using), [job_id], "cancelled", now)
         elif change == "flagged":
             row = jobs.values_list("queue", flat=True).first()
             _job_events(using, [(row, job_id, "cancel-requested", {})], now)
@@ -118,7 +116,7 @@ def _cancel_job(*, using: str, job_id: uuid.UUID, now: datetime) -> CancelResult
 
 def cancel_requested_ids(*, using: str, worker_id: str) -> list[uuid.UUID]:
     """Ids of ``worker_id``'s running jobs that were cancelled (the worker's poll for cancels)."""
-    d = Dialect(using)
+    d = driver(using)
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND worker_id = %s AND cancel_requested_at IS NOT NULL",
@@ -170,27 +168,17 @@ def is_cancel_requested(*, using: str, job_id: uuid.UUID) -> bool:
 def set_progress(*, using: str, job_id: uuid.UUID, lease_token: uuid.UUID, value: Any) -> bool:
     """Store a running job's progress, guarded on its lease, with its ``progress`` event; False
     when the job is no longer ours."""
-    d = Dialect(using)
-    events = events_enabled()
-    update = (
-        f"UPDATE {JOB_TABLE} SET progress = {d.cast('%s', 'jsonb')} WHERE id = %s AND state = 'active' "
-        f"AND lease_token = %s RETURNING id, queue"
-    )
-    params: list[Any] = [json.dumps(value), d.uuid(job_id), d.uuid(lease_token)]
-    if d.pg and events:
-        # The update and its event in one statement, as on the other hot paths.
-        data = "jsonb_build_object('progress', %s::jsonb)"
-        update = (
-            f"WITH r AS ({update}), {_pg_event_cte('r', "'progress'", data)} SELECT 1 FROM r, {_pg_event_notify('r')}"
-        )
-        params += [json.dumps(value), events_channel()]
-    with _sqlite_atomic(d), connections[using].cursor() as cursor:
-        cursor.execute(update, params)
-        row = cursor.fetchone()
-        if row is None:
+    d = driver(using)
+    fused = d.FUSED_EFFECTS and events_enabled()
+    with d.effects_atomic(), connections[using].cursor() as cursor:
+        queue = d.set_progress(
+            cursor, job_id=job_id, lease_token=lease_token, value_json=json.dumps(value),
+            events_channel=events_channel() if fused else None,
+        )  # fmt: skip
+        if queue is None:
             return False
-        if not d.pg:
-            write_events(cursor, d, [(row[1], job_id, "progress", {"progress": value})])
+        if not d.FUSED_EFFECTS:
+            write_events(cursor, d, [(queue, job_id, "progress", {"progress": value})])
     return True
 
 
@@ -213,7 +201,7 @@ def append_job_log(
     """
     from django.db import IntegrityError
 
-    d = Dialect(using)
+    d = driver(using)
     now = now or timezone.now()
     log_table = JobLog._meta.db_table
     notice = f"[django-jobs: log truncated at {max_lines} lines (LOG_MAX_LINES)]"
@@ -225,14 +213,13 @@ def append_job_log(
         f"WHERE j.id = %s AND j.state = 'active' AND j.lease_token = %s AND nxt.idx < %s"
     )
     params = [max_lines - 1, notice, line, d.dt(now), d.uuid(job_id), d.uuid(job_id), d.uuid(lease_token), max_lines]
-    # PostgreSQL: writers of one job queue up on a transaction-level advisory lock keyed by the
-    # job, so they do not keep colliding on the unique position (one could starve the other).
+    # Writers of one job queue up on a lock keyed by the job (where the database has one), so
+    # they do not keep colliding on the unique position (one could starve the other).
     lock_key = int.from_bytes(job_id.bytes[8:], "big", signed=True)
     for _ in range(20):
         try:
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
-                if d.pg:
-                    cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key])
+                d.lock_job_log(cursor, lock_key)
                 cursor.execute(sql, params)
                 return cursor.rowcount == 1
         except IntegrityError:

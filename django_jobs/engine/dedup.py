@@ -8,17 +8,17 @@ import uuid
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import connections, transaction
-from django.utils import timezone
+from django.db import OperationalError, connections, transaction
 
-from ..db import Dialect
+from ..db import is_transient
+from ..drivers import Driver, driver
 from ..exceptions import InvalidTaskOptions, JobsError, QueueFull
 from ..models import Job
 from ..models.dedup import JobDedup, JobDedupNext
 from ..states import FINISHED_STATES, JobState
-from .common import JOB_TABLE, _backend_scope, _job_state, _mark_saved, _read_job, _sqlite_atomic, logger
-from .effects import _enqueued_event_sqlite, notify
-from .insert import _insert_new, _insert_statement, _new_job, _set_enqueued_at
+from .common import JOB_TABLE, _backend_scope, _job_state, _mark_saved, _read_job, logger
+from .effects import _enqueued_event, notify
+from .insert import _insert_job, _insert_new, _new_job
 from .partitions import _admit, _queue_size_limited, _unblock_heads
 
 # -- deduplication --------------------------------------------------------------------------
@@ -29,7 +29,10 @@ DEDUP_NEXT_TABLE = JobDedupNext._meta.db_table
 #: (its holder deleted, or the sweeper removing it as expired). Each try is a savepoint.
 _DEDUP_TRIES = 10
 _UNSTARTED = (JobState.WAITING, JobState.DELAYED)
-_KEY_WHERE = 'backend = %s AND queue = %s AND "key" = %s'
+
+
+def _key_where(d: Driver) -> str:
+    return f"backend = %s AND queue = %s AND {d.quote('key')} = %s"
 
 
 class DedupOutcome(NamedTuple):
@@ -91,7 +94,7 @@ def enqueue_deduplicated(
     wake the queue's workers when a job became waiting (``enqueue_many`` wakes them once).
     Raises InvalidTaskOptions when ``replace`` meets a holder of another task.
     """
-    d = Dialect(using)
+    d = driver(using)
     conn = connections[using]
     for _ in range(_DEDUP_TRIES):
         job = _new_job(
@@ -109,21 +112,32 @@ def enqueue_deduplicated(
             trace_id=trace_id,
             dedup_key=key,
             partition=partition,
-            database_clock=d.pg,
+            database_clock=d.DATABASE_CLOCK,
         )
-        with transaction.atomic(using=using), conn.cursor() as cursor:
-            outcome = _enqueue_dedup_try(
-                cursor,
-                d,
-                using,
-                job,
-                ttl=ttl,
-                extend=extend,
-                replace=replace,
-                keep_last=keep_last_if_active,
-                wake=notify_workers,
-                now=now,
-            )
+        outermost = not conn.in_atomic_block
+        try:
+            with transaction.atomic(using=using), conn.cursor() as cursor:
+                outcome = _enqueue_dedup_try(
+                    cursor,
+                    d,
+                    using,
+                    job,
+                    ttl=ttl,
+                    extend=extend,
+                    replace=replace,
+                    keep_last=keep_last_if_active,
+                    wake=notify_workers,
+                    now=now,
+                )
+        except OperationalError as exc:
+            # MySQL: enqueues waiting on a key whose first insert rolled back can deadlock (each
+            # holds a shared lock on the key and wants an exclusive one). The database ends one
+            # transaction; when it was this try's own, the next try goes on. Inside the caller's
+            # transaction the error is the caller's: that whole transaction is gone.
+            if not (outermost and is_transient(exc)):
+                raise
+            logger.info("Dedup key %r: %s; trying again.", key, exc)
+            continue
         if outcome is not None:
             break
     else:
@@ -139,7 +153,7 @@ def enqueue_deduplicated(
 
 def _enqueue_dedup_try(
     cursor: Any,
-    d: Dialect,
+    d: Driver,
     using: str,
     job: Job,
     *,
@@ -156,13 +170,9 @@ def _enqueue_dedup_try(
     expire_sql, expire_params = _dedup_expiry(d, ttl, now)
     # The key first, the job second: a duplicate (the common case under contention) then writes
     # nothing. The foreign key to the job is checked at commit (Django creates it deferred).
-    cursor.execute(
-        f'INSERT INTO {DEDUP_TABLE} (backend, queue, "key", job_id, expire_at) '
-        f"VALUES (%s, %s, %s, {d.cast('%s', 'uuid')}, {expire_sql}) "
-        f'ON CONFLICT (backend, queue, "key") DO NOTHING RETURNING id',
-        [*key_params, d.uuid(job.id), *expire_params],
-    )
-    if cursor.fetchone() is not None:
+    with d.deferred_foreign_keys(cursor):
+        taken = d.take_dedup_key(cursor, key_params, d.uuid(job.id), expire_sql, expire_params)
+    if taken:
         _insert_new(cursor, d, using, job, wake=wake)
         return DedupOutcome(job, True)
     # On SQLite the INSERT took the write lock, even though it wrote nothing.
@@ -175,15 +185,16 @@ def _enqueue_dedup_try(
         # Guarded on the old holder and on the reason (the row is locked, so it holds).
         now_sql, now_params = d.now(now)
         reason = f"expire_at <= {now_sql}" if expired else "expire_at IS NULL" if holder is not None else "1 = 1"
-        cursor.execute(
-            f"UPDATE {DEDUP_TABLE} SET job_id = {d.cast('%s', 'uuid')}, expire_at = {expire_sql} "
-            f"WHERE id = %s AND job_id = {d.cast('%s', 'uuid')} AND {reason}",
-            [d.uuid(job.id), *expire_params, key_id, d.uuid(holder_id), *(now_params if expired else [])],
-        )
+        with d.deferred_foreign_keys(cursor):
+            cursor.execute(
+                f"UPDATE {DEDUP_TABLE} SET job_id = {d.cast('%s', 'uuid')}, expire_at = {expire_sql} "
+                f"WHERE id = %s AND job_id = {d.cast('%s', 'uuid')} AND {reason}",
+                [d.uuid(job.id), *expire_params, key_id, d.uuid(holder_id), *(now_params if expired else [])],
+            )
         if cursor.rowcount != 1:
             logger.info("Dedup key %r changed hands while locked; trying again.", job.dedup_key)
             return None
-        cursor.execute(f"DELETE FROM {DEDUP_NEXT_TABLE} WHERE {_KEY_WHERE}", key_params)
+        cursor.execute(f"DELETE FROM {DEDUP_NEXT_TABLE} WHERE {_key_where(d)}", key_params)
         _insert_new(cursor, d, using, job, wake=wake)
         return DedupOutcome(job, True, ("took_over",))
     changes: list[str] = []
@@ -208,12 +219,12 @@ def _enqueue_dedup_try(
             changes.append("replaced")
         else:
             state = _job_state(cursor, d, holder.id)
-    elif keep_last and state in _UNSTARTED and d.pg:
+    elif keep_last and state in _UNSTARTED and d.ROW_LOCKS:
         # Keep an unstarted holder unstarted while this transaction decides (a claim skips a
-        # locked row); SQLite's claims wait for the write lock this transaction holds.
+        # locked row); without row locks, claims wait for the write lock this transaction holds.
         cursor.execute(
             f"SELECT id FROM {JOB_TABLE} WHERE id = %s AND state IN ('waiting', 'delayed') FOR UPDATE",
-            [holder.id],
+            [d.uuid(holder.id)],
         )
         if cursor.fetchone() is None:
             state = _job_state(cursor, d, holder.id)
@@ -235,7 +246,7 @@ def _enqueue_dedup_try(
     return DedupOutcome(holder, False, tuple(changes))
 
 
-def _dedup_expiry(d: Dialect, ttl: float | None, now: datetime | None) -> tuple[str, list[Any]]:
+def _dedup_expiry(d: Driver, ttl: float | None, now: datetime | None) -> tuple[str, list[Any]]:
     """SQL for a key's ``expire_at``: ``ttl`` seconds from now, or NULL."""
     if ttl is None:
         return "NULL", []
@@ -244,7 +255,7 @@ def _dedup_expiry(d: Dialect, ttl: float | None, now: datetime | None) -> tuple[
 
 def _lock_dedup_key(
     cursor: Any,
-    d: Dialect,
+    d: Driver,
     backend: str,
     queue: str,
     key: str | None,
@@ -255,36 +266,11 @@ def _lock_dedup_key(
     """Lock a dedup key's row; ``(row id, holder id, has an expiry, has expired)``, None when
     there is no such key. ``sqlite_write_locked``: this transaction already wrote (on SQLite it
     holds the write lock, so a read is enough and a duplicate's commit writes nothing)."""
-    if d.pg:
-        now_sql, now_params = d.now(now)
-        cursor.execute(
-            f"SELECT id, job_id, expire_at IS NOT NULL, (expire_at IS NOT NULL AND expire_at <= {now_sql}) "
-            f"FROM {DEDUP_TABLE} WHERE {_KEY_WHERE} FOR UPDATE",
-            [*now_params, backend, queue, key],
-        )
-        row = cursor.fetchone()
-        return None if row is None else (row[0], d.to_uuid(row[1]), row[2], row[3])
-    # SQLite has no row locks: a write takes the database's write lock for the transaction. A read
-    # first would not do: a deferred transaction that read cannot always upgrade. The expiry is
-    # compared here, not in RETURNING: SQLite 3.40.1 evaluates "expire_at IS NOT NULL" as true for
-    # a NULL in the RETURNING of an UPDATE or DELETE on a table whose key is declared "integer NOT
-    # NULL PRIMARY KEY", as Django declares it. SQLite's clock is this process's anyway.
-    if sqlite_write_locked:
-        cursor.execute(f"SELECT id, job_id, expire_at FROM {DEDUP_TABLE} WHERE {_KEY_WHERE}", [backend, queue, key])
-    else:
-        cursor.execute(
-            f"UPDATE {DEDUP_TABLE} SET job_id = job_id WHERE {_KEY_WHERE} RETURNING id, job_id, expire_at",
-            [backend, queue, key],
-        )
-    row = cursor.fetchone()
-    if row is None:
-        return None
-    expire_at = d.to_dt(row[2])
-    expired = expire_at is not None and expire_at <= (now or timezone.now())
-    return row[0], d.to_uuid(row[1]), expire_at is not None, expired
+    row = d.lock_dedup_key(cursor, _key_where(d), [backend, queue, key], now, write_locked=sqlite_write_locked)
+    return None if row is None else (row[0], d.to_uuid(row[1]), row[2], row[3])
 
 
-def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
+def _stash(cursor: Any, d: Driver, job: Job, *, ttl: float | None) -> None:
     """Keep ``job`` (unsaved) as its key's next job, replacing an earlier stash."""
     delayed = job.state == JobState.DELAYED
     payload = {
@@ -303,12 +289,8 @@ def _stash(cursor: Any, d: Dialect, job: Job, *, ttl: float | None) -> None:
         "enqueued_at": job.enqueued_at.isoformat() if job.enqueued_at is not None else None,
     }
     stashed_sql, stashed_params = d.now(job.enqueued_at)
-    cursor.execute(
-        f'INSERT INTO {DEDUP_NEXT_TABLE} (backend, queue, "key", payload, stashed_at) '
-        f"VALUES (%s, %s, %s, {d.cast('%s', 'jsonb')}, {stashed_sql}) "
-        f'ON CONFLICT (backend, queue, "key") DO UPDATE SET payload = excluded.payload, '
-        f"stashed_at = excluded.stashed_at",
-        [job.backend, job.queue, job.dedup_key, json.dumps(payload), *stashed_params],
+    d.stash_dedup_next(
+        cursor, [job.backend, job.queue, job.dedup_key], json.dumps(payload), stashed_sql, stashed_params
     )
 
 
@@ -337,7 +319,7 @@ def insert_job_once(
     a read of the row that won (on PostgreSQL a concurrent insert of the key is waited for). The
     key holds for as long as the job row exists, whatever its state.
     """
-    d = Dialect(using)
+    d = driver(using)
     conn = connections[using]
     for _ in range(_DEDUP_TRIES):
         job = _new_job(
@@ -355,18 +337,15 @@ def insert_job_once(
             trace_id=trace_id,
             idempotency_key=idempotency_key,
             partition=partition,
-            database_clock=d.pg,
+            database_clock=d.DATABASE_CLOCK,
         )
         # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
         # queue, and only for a job that was inserted.
-        wake = job.state == JobState.WAITING and d.pg and not conn.in_atomic_block
-        with _sqlite_atomic(d), conn.cursor() as cursor:
-            cursor.execute(*_insert_statement(d, job, wake=wake, once=True, guarded=True))
-            row = cursor.fetchone()  # (id, enqueued_at) when the row was inserted
-            inserted = row is not None
+        wake = job.state == JobState.WAITING and d.LISTEN_NOTIFY and not conn.in_atomic_block
+        with d.effects_atomic(), conn.cursor() as cursor:
+            inserted = _insert_job(cursor, d, job, wake=wake, once=True, guarded=True)
             if inserted:
-                _set_enqueued_at(d, job, row[1])
-                _enqueued_event_sqlite(cursor, d, job)
+                _enqueued_event(cursor, d, job)
         where = "backend = %s AND queue = %s AND idempotency_key = %s"
         if not inserted and _queue_size_limited(using, queue):
             # The guard refused it: a limited queue admits under its lock (a duplicate first).
@@ -377,12 +356,9 @@ def insert_job_once(
             try:
                 with transaction.atomic(using=using), conn.cursor() as cursor:
                     _admit(cursor, d, queue, {job.partition_key: 1})
-                    cursor.execute(*_insert_statement(d, job, wake=wake, once=True))
-                    row = cursor.fetchone()
-                    inserted = row is not None
+                    inserted = _insert_job(cursor, d, job, wake=wake, once=True)
                     if inserted:
-                        _set_enqueued_at(d, job, row[1])
-                        _enqueued_event_sqlite(cursor, d, job)
+                        _enqueued_event(cursor, d, job)
             except QueueFull:
                 # The key's first job may have committed while we waited for the lock: a
                 # duplicate returns it, full or not.
@@ -419,13 +395,14 @@ def promote_dedup_stashes(*, using: str, limit: int, backend: str | None = None,
     (guarded on the old holder; with the stash's ``ttl`` as expiry) and delete the stash. A
     stash whose key another enqueue took meanwhile stays until that holder finishes.
     """
-    d = Dialect(using)
+    d = driver(using)
     scope, scope_params = (" AND n.backend = %s", [backend]) if backend is not None else ("", [])
     finished = ", ".join(f"'{s}'" for s in sorted(FINISHED_STATES))
+    key = d.quote("key")
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f'SELECT n.backend, n.queue, n."key" FROM {DEDUP_NEXT_TABLE} n '
-            f'LEFT JOIN {DEDUP_TABLE} k ON k.backend = n.backend AND k.queue = n.queue AND k."key" = n."key" '
+            f"SELECT n.backend, n.queue, n.{key} FROM {DEDUP_NEXT_TABLE} n "
+            f"LEFT JOIN {DEDUP_TABLE} k ON k.backend = n.backend AND k.queue = n.queue AND k.{key} = n.{key} "
             f"LEFT JOIN {JOB_TABLE} j ON j.id = k.job_id "
             f"WHERE (k.id IS NULL OR j.state IN ({finished})){scope} ORDER BY n.id LIMIT %s",
             [*scope_params, limit],
@@ -450,13 +427,13 @@ def promote_dedup_stashes(*, using: str, limit: int, backend: str | None = None,
 
 
 def _promote_stash(
-    cursor: Any, d: Dialect, using: str, backend: str, queue: str, key: str, now: datetime | None
+    cursor: Any, d: Driver, using: str, backend: str, queue: str, key: str, now: datetime | None
 ) -> Job | None:
     held = _lock_dedup_key(cursor, d, backend, queue, key, now)
     if held is not None and _job_state(cursor, d, held[1]) not in (*FINISHED_STATES, None):
         return None  # its holder runs again (retried): the stash waits for it
     cursor.execute(
-        f"SELECT id, payload, stashed_at FROM {DEDUP_NEXT_TABLE} WHERE {_KEY_WHERE}{' FOR UPDATE' if d.pg else ''}",
+        f"SELECT id, payload, stashed_at FROM {DEDUP_NEXT_TABLE} WHERE {_key_where(d)} {d.for_update()}",
         [backend, queue, key],
     )
     stash = cursor.fetchone()
@@ -484,21 +461,18 @@ def _promote_stash(
     )
     expire_sql, expire_params = _dedup_expiry(d, p.get("ttl"), now)
     if held is not None:
-        cursor.execute(
-            f"UPDATE {DEDUP_TABLE} SET job_id = {d.cast('%s', 'uuid')}, expire_at = {expire_sql} "
-            f"WHERE id = %s AND job_id = {d.cast('%s', 'uuid')}",
-            [d.uuid(job.id), *expire_params, held[0], d.uuid(held[1])],
-        )
+        with d.deferred_foreign_keys(cursor):
+            cursor.execute(
+                f"UPDATE {DEDUP_TABLE} SET job_id = {d.cast('%s', 'uuid')}, expire_at = {expire_sql} "
+                f"WHERE id = %s AND job_id = {d.cast('%s', 'uuid')}",
+                [d.uuid(job.id), *expire_params, held[0], d.uuid(held[1])],
+            )
         if cursor.rowcount != 1:
             return None
     else:
-        cursor.execute(
-            f'INSERT INTO {DEDUP_TABLE} (backend, queue, "key", job_id, expire_at) '
-            f"VALUES (%s, %s, %s, {d.cast('%s', 'uuid')}, {expire_sql}) "
-            f'ON CONFLICT (backend, queue, "key") DO NOTHING RETURNING id',
-            [backend, queue, key, d.uuid(job.id), *expire_params],
-        )
-        if cursor.fetchone() is None:
+        with d.deferred_foreign_keys(cursor):
+            taken = d.take_dedup_key(cursor, [backend, queue, key], d.uuid(job.id), expire_sql, expire_params)
+        if not taken:
             return None  # an enqueue took the free key meanwhile: the stash waits for its job
     _insert_new(cursor, d, using, job)
     cursor.execute(f"DELETE FROM {DEDUP_NEXT_TABLE} WHERE id = %s", [stash[0]])
@@ -511,7 +485,7 @@ def delete_expired_dedup_keys(
     """Delete up to ``limit`` dedup keys whose ``expire_at`` passed, and up to ``limit`` keys
     without expiry whose holder finished (of ``backend``, or all); return how many. Enqueues
     reclaim such keys too; this keeps the table small."""
-    d = Dialect(using)
+    d = driver(using)
     now_sql, now_params = d.now(now)
     scope, scope_params = _backend_scope(backend)
     sql = (

@@ -3,7 +3,6 @@ event log's rows, written in the same transaction as the change they record."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -13,15 +12,12 @@ from django.utils import timezone
 
 from .. import retention
 from ..conf import get_settings
-from ..db import Dialect
+from ..drivers import Driver, driver
 from ..models import Job
 from ..states import JobState
 from .common import (
     CANCEL_PREFIX,
-    EVENT_TABLE,
-    INSERT_CHUNK,
     JOB_TABLE,
-    METRIC_TABLE,
     NewJob,
     Outcome,
     events_channel,
@@ -46,10 +42,10 @@ def notify(using: str, queues: list[str]) -> None:
     """Wake listening workers (PostgreSQL). Inside a transaction the notification is delivered
     on commit, and PostgreSQL folds identical notifications of one transaction into one; we
     also send each queue at most once per transaction to save the round trips."""
-    conn = connections[using]
-    if conn.vendor != "postgresql" or not queues:
+    d = driver(using)
+    if not d.LISTEN_NOTIFY or not queues:
         return
-    channel = get_settings().NOTIFY_CHANNEL
+    conn = d.connection
     if conn.in_atomic_block and not conn.savepoint_ids:
         sent = _sent_in_transaction(conn)
         queues = [q for q in queues if q not in sent]
@@ -57,8 +53,7 @@ def notify(using: str, queues: list[str]) -> None:
             return
         sent.update(queues)
     with conn.cursor() as cursor:
-        for queue in sorted(set(queues)):
-            cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+        d.notify(cursor, get_settings().NOTIFY_CHANNEL, sorted(set(queues)))
 
 
 def _sent_in_transaction(conn: Any) -> set[str]:
@@ -79,29 +74,10 @@ def _sent_in_transaction(conn: Any) -> set[str]:
 
 # -- events ---------------------------------------------------------------------------------
 
-#: The writing transaction's id (PostgreSQL): readers order events by (txid, id); see events.py.
-_TXID = "pg_current_xact_id()::text::bigint"
-_EVENT_COLUMNS = "txid, queue, job_id, kind, data, created_at"
-
-
-def _pg_event_cte(source: str, kind_sql: str, data_sql: str) -> str:
-    """A data-modifying CTE writing one event per row of the CTE ``source`` (which has ``id``
-    and ``queue`` columns), so a hot statement records its events without a round trip."""
-    return (
-        f"ev AS (INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) SELECT {_TXID}, {source}.queue, {source}.id, "
-        f"{kind_sql}, {data_sql}, clock_timestamp() FROM {source})"
-    )
-
-
-def _pg_event_notify(source: str) -> str:
-    """A one-row FROM item sending the events NOTIFY (one ``%s``: the channel) when ``source``
-    has rows; join it to the statement's final SELECT."""
-    return f"(SELECT count(pg_notify(%s, '')) AS n FROM (SELECT 1 FROM {source} LIMIT 1) one) ev_notify"
-
 
 def write_events(
     cursor: Any,
-    d: Dialect,
+    d: Driver,
     events: list[tuple[str, uuid.UUID | None, str, dict[str, Any]]],
     now: datetime | None = None,
 ) -> None:
@@ -109,26 +85,7 @@ def write_events(
     the transaction that made the change); on PostgreSQL also NOTIFY the events channel."""
     if not events or not events_enabled():
         return
-    created = now or timezone.now()
-    for start in range(0, len(events), INSERT_CHUNK):
-        part = events[start : start + INSERT_CHUNK]
-        params: list[Any] = []
-        for queue, job_id, kind, data in part:
-            params += [queue, d.uuid(job_id), kind, json.dumps(data, default=str)]
-        if d.pg:
-            rows = ", ".join(["(%s, %s::uuid, %s, %s::jsonb)"] * len(part))
-            cursor.execute(
-                f"WITH ins AS (INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) SELECT {_TXID}, v.q, v.j, v.k, v.d, "
-                f"clock_timestamp() FROM (VALUES {rows}) v(q, j, k, d) RETURNING 1) "
-                f"SELECT count(pg_notify(%s, '')) FROM (SELECT 1 FROM ins LIMIT 1) one",
-                [*params, events_channel()],
-            )
-        else:
-            rows = ", ".join(["(0, %s, %s, %s, %s, %s)"] * len(part))
-            flat = []
-            for i in range(0, len(params), 4):
-                flat += [*params[i : i + 4], d.dt(created)]
-            cursor.execute(f"INSERT INTO {EVENT_TABLE} ({_EVENT_COLUMNS}) VALUES {rows}", flat)
+    d.append_events(cursor, events, now or timezone.now(), events_channel())
 
 
 def _job_events(
@@ -137,20 +94,20 @@ def _job_events(
     """:func:`write_events` on a new cursor of ``using`` (in the caller's transaction)."""
     if rows and events_enabled():
         with connections[using].cursor() as cursor:
-            write_events(cursor, Dialect(using), rows, now)
+            write_events(cursor, driver(using), rows, now)
 
 
 def _enqueued_data(job: Job | NewJob) -> dict[str, Any]:
     return {"task": job.task_path, "state": job.state}
 
 
-def _enqueued_event_sqlite(cursor: Any, d: Dialect, job: Job | NewJob) -> None:
-    """SQLite: the ``enqueued`` event of a job just inserted (PostgreSQL writes it in the INSERT)."""
-    if not d.pg:
+def _enqueued_event(cursor: Any, d: Driver, job: Job | NewJob) -> None:
+    """The ``enqueued`` event of a job just inserted, where the INSERT did not write it."""
+    if not d.FUSED_EFFECTS:
         write_events(cursor, d, [(job.queue, job.id, "enqueued", _enqueued_data(job))])
 
 
-def _finished_elsewhere(cursor: Any, d: Dialect, job_ids: list[uuid.UUID], kind: str, now: datetime | None) -> None:
+def _finished_elsewhere(cursor: Any, d: Driver, job_ids: list[uuid.UUID], kind: str, now: datetime | None) -> None:
     """Jobs that just finished outside an outcome batch (cancel, rescue, a flow parent failed by
     its child): their event, and ``purge_at`` from their retention policy. In the caller's
     transaction; jobs not in a finished state are left alone."""
@@ -179,10 +136,10 @@ def _finished_elsewhere(cursor: Any, d: Dialect, job_ids: list[uuid.UUID], kind:
 
 
 def _outcome_events_and_metrics(
-    cursor: Any, d: Dialect, rows: list[tuple[Any, ...]], by_id: dict[uuid.UUID, Outcome], now: datetime
+    cursor: Any, d: Driver, rows: list[tuple[Any, ...]], by_id: dict[uuid.UUID, Outcome], now: datetime
 ) -> None:
-    """SQLite: the events and Metric counts of written outcomes (PostgreSQL writes them in the
-    outcome statement itself). ``rows``: id, queue, state, parent, partition, attempts, last start."""
+    """The events and Metric counts of written outcomes, where the outcome statement did not
+    write them itself. ``rows``: id, queue, state, parent, partition, attempts, last start."""
     events = []
     metrics: dict[str, list[int]] = {}
     for jid, queue, state, _parent, _partition, attempts, started, _finished in rows:
@@ -205,24 +162,14 @@ def _outcome_events_and_metrics(
             data["error"] = o.error.get("exception_class_path")
         events.append((queue, o.job_id, kind, data))
     write_events(cursor, d, events, now)
-    minute = now.replace(second=0, microsecond=0)
-    for queue in sorted(metrics):
-        completed, failed, retried, runtime_ms = metrics[queue]
-        cursor.execute(
-            f"INSERT INTO {METRIC_TABLE} (queue, minute, completed, failed, retried, runtime_ms) "
-            f"VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (queue, minute) DO UPDATE SET "
-            f"completed = completed + excluded.completed, failed = failed + excluded.failed, "
-            f"retried = retried + excluded.retried, runtime_ms = runtime_ms + excluded.runtime_ms",
-            [queue, d.dt(minute), completed, failed, retried, runtime_ms],
-        )
+    d.add_metrics(cursor, now.replace(second=0, microsecond=0), metrics)
 
 
 def _notify_cancel(using: str, job_ids: list[uuid.UUID]) -> None:
-    """Tell the workers running these jobs that they were cancelled (PostgreSQL; others poll)."""
-    conn = connections[using]
-    if conn.vendor != "postgresql" or not job_ids:
+    """Tell the workers running these jobs that they were cancelled (where workers listen;
+    elsewhere they poll)."""
+    d = driver(using)
+    if not d.LISTEN_NOTIFY or not job_ids:
         return
-    channel = get_settings().NOTIFY_CHANNEL
-    with conn.cursor() as cursor:
-        for job_id in job_ids:
-            cursor.execute("SELECT pg_notify(%s, %s)", [channel, f"{CANCEL_PREFIX}{job_id}"])
+    with d.connection.cursor() as cursor:
+        d.notify(cursor, get_settings().NOTIFY_CHANNEL, [f"{CANCEL_PREFIX}{job_id}" for job_id in job_ids])

@@ -13,7 +13,7 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ..db import Dialect
+from ..drivers import driver
 from ..models import DependencyStatus, Job, JobDependency
 from ..states import JobState
 from .common import JOB_TABLE, _cancelled_error, ready_seq
@@ -75,14 +75,13 @@ def insert_flow(
     :func:`insert_job`), and for ``enqueued_at`` the database clock on PostgreSQL (the
     transaction's start, the clock of ``started_at`` and ``finished_at``), read once.
     """
-    d = Dialect(using)
+    d = driver(using)
     enqueued_at = now
     now = now or timezone.now()
     with transaction.atomic(using=using):
-        if enqueued_at is None and d.pg:
+        if enqueued_at is None and d.DATABASE_CLOCK:
             with connections[using].cursor() as cursor:
-                cursor.execute("SELECT now()")
-                enqueued_at = d.to_dt(cursor.fetchone()[0])
+                enqueued_at = d.transaction_now(cursor)
         if attach_to is not None:
             parent = Job.objects.using(using).filter(id=attach_to, state=JobState.WAITING_CHILDREN)
             if backend is not None:
@@ -120,10 +119,10 @@ def insert_flow(
             per_queue[job.partition_key] = per_queue.get(job.partition_key, 0) + 1
         with connections[using].cursor() as cursor:
             for queue in sorted(adding):  # one lock order, so two flows cannot deadlock on them
-                _admit(cursor, Dialect(using), queue, adding[queue])
+                _admit(cursor, driver(using), queue, adding[queue])
             Job.objects.using(using).bulk_create(rows)
-            write_events(cursor, Dialect(using), [(j.queue, j.id, "enqueued", _enqueued_data(j)) for j in rows], now)
-            _unblock_heads(cursor, Dialect(using), {(j.queue, j.partition_key) for j in rows if j.partition_key})
+            write_events(cursor, driver(using), [(j.queue, j.id, "enqueued", _enqueued_data(j)) for j in rows], now)
+            _unblock_heads(cursor, driver(using), {(j.queue, j.partition_key) for j in rows if j.partition_key})
         edges = [
             JobDependency(
                 parent_id=fj.parent_id, child_id=fj.id, child_queue=fj.queue, failure_policy=fj.failure_policy
@@ -146,7 +145,7 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
     the last two children finishing at once release it exactly once. A parent failed by its
     child (policy ``fail``) settles its own parent in turn.
     """
-    d = Dialect(using)
+    d = driver(using)
     now = now or timezone.now()
     dep_table = JobDependency._meta.db_table
     seq_now = ready_seq(now)
@@ -159,14 +158,16 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
             child_id, state, value = work.pop()
             ok = state == JobState.COMPLETED
             value_json = value if ok else json.dumps(value)
-            cursor.execute(
-                f"UPDATE {dep_table} SET status = CASE WHEN %s = 1 THEN 'processed' "
-                f"WHEN failure_policy = 'ignore' THEN 'ignored' WHEN failure_policy = 'remove' THEN 'removed' "
-                f"ELSE 'failed' END, value = {d.cast('%s', 'jsonb')}, finished_at = %s "
-                f"WHERE child_id = %s AND status = 'pending' RETURNING parent_id, failure_policy, status",
-                [1 if ok else 0, value_json, d.dt(now), d.uuid(child_id)],
-            )
-            edge = cursor.fetchone()
+            edges = d.update_returning(
+                cursor, dep_table,
+                f"status = CASE WHEN %s = 1 THEN 'processed' WHEN failure_policy = 'ignore' THEN 'ignored' "
+                f"WHEN failure_policy = 'remove' THEN 'removed' ELSE 'failed' END, "
+                f"value = {d.cast('%s', 'jsonb')}, finished_at = %s",
+                [1 if ok else 0, value_json, d.dt(now)],
+                "child_id = %s AND status = 'pending'", [d.uuid(child_id)],
+                "parent_id, failure_policy, status",
+            )  # fmt: skip
+            edge = edges[0] if edges else None
             if edge is None:
                 continue  # not a flow child, or settled already
             parent_id, policy, status = d.to_uuid(edge[0]), edge[1], edge[2]
@@ -180,13 +181,15 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
                     "child_id": str(child_id),
                     "at": now.isoformat(),
                 }
-                cursor.execute(
-                    f"UPDATE {JOB_TABLE} SET {decrement}, state = 'failed', finished_at = %s, "
-                    f"errors = {d.json_append('errors', d.cast('%s', 'jsonb'))} "
-                    f"WHERE id = %s AND state = 'waiting-children' RETURNING id",
-                    [d.dt(now), json.dumps(error), d.uuid(parent_id)],
-                )
-                if cursor.fetchone() is not None:
+                failed = d.update_returning(
+                    cursor, JOB_TABLE,
+                    f"{decrement}, state = 'failed', finished_at = %s, "
+                    f"errors = {d.json_append('errors', d.cast('%s', 'jsonb'))}",
+                    [d.dt(now), json.dumps(error)],
+                    "id = %s AND state = 'waiting-children'", [d.uuid(parent_id)],
+                    "id",
+                )  # fmt: skip
+                if failed:
                     work.append((parent_id, JobState.FAILED, error))
                     _finished_elsewhere(cursor, d, [parent_id], "failed", now)
                 else:
@@ -196,34 +199,22 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
             release = "(state = 'waiting-children' AND (pending_children <= 1 OR %s = 1))"
             early = 1 if status == "failed" and policy == "continue" else 0
             # Its state before (row-locked, as the UPDATE would): only a release writes an event.
-            cursor.execute(
-                f"SELECT state FROM {JOB_TABLE} WHERE id = %s {'FOR UPDATE' if d.pg else ''}", [d.uuid(parent_id)]
-            )
+            cursor.execute(f"SELECT state FROM {JOB_TABLE} WHERE id = %s {d.for_update()}", [d.uuid(parent_id)])
             before = cursor.fetchone()
-            cursor.execute(
-                f"UPDATE {JOB_TABLE} SET "
+            rows = d.update_returning(
+                cursor, JOB_TABLE,
                 # A parent with a run_after still ahead is released to delayed, keeping its time
                 # (and the seq it got for it); otherwise it is ready now.
                 f"available_at = CASE WHEN {release} AND available_at < %s THEN %s ELSE available_at END, "
                 f"seq = CASE WHEN {release} AND available_at <= %s THEN (CASE WHEN seq < 0 THEN %s ELSE %s END) "
                 f"ELSE seq END, "
                 f"state = CASE WHEN {release} THEN (CASE WHEN available_at > %s THEN 'delayed' ELSE 'waiting' END) "
-                f"ELSE state END, "
-                f"{decrement} WHERE id = %s RETURNING state, queue, pending_children",
-                [
-                    early,
-                    d.dt(now),
-                    d.dt(now),
-                    early,
-                    d.dt(now),
-                    -seq_now,
-                    seq_now,
-                    early,
-                    d.dt(now),
-                    d.uuid(parent_id),
-                ],  # fmt: skip
-            )
-            row = cursor.fetchone()
+                f"ELSE state END, {decrement}",
+                [early, d.dt(now), d.dt(now), early, d.dt(now), -seq_now, seq_now, early, d.dt(now)],
+                "id = %s", [d.uuid(parent_id)],
+                "state, queue, pending_children",
+            )  # fmt: skip
+            row = rows[0] if rows else None
             was_held = before is not None and before[0] == JobState.WAITING_CHILDREN
             if row is not None and was_held and row[0] in (JobState.WAITING, JobState.DELAYED):
                 write_events(cursor, d, [(row[1], parent_id, "promoted", {"from": "waiting-children"})], now)
@@ -273,7 +264,7 @@ def cancel_descendants(
             ):
                 cancelled.append((job_id, queue))
         with connections[using].cursor() as cursor:
-            _finished_elsewhere(cursor, Dialect(using), [j for j, _ in cancelled], "cancelled", now)
+            _finished_elsewhere(cursor, driver(using), [j for j, _ in cancelled], "cancelled", now)
         settle_dependencies(
             using=using, finished=[(j, JobState.CANCELLED, _cancelled_error(j)) for j, _ in cancelled], now=now
         )

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 from django.db import connections, transaction
 from django.utils import timezone
 
-from ..db import Dialect
+from ..drivers import Driver, driver
+from ..drivers.base import UNFINISHED_SQL
 from ..models import Job, JobDependency, JobLog
 from ..models.dedup import JobDedup
 from ..states import FINISHED_STATES, JobState
@@ -20,7 +21,6 @@ from .common import (
     EVENT_TABLE,
     JOB_TABLE,
     METRIC_TABLE,
-    UNFINISHED_SQL,
     _backend_scope,
     _cancelled_error,
     logger,
@@ -58,7 +58,7 @@ def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = 
     return by_model.get(Job._meta.label, 0)
 
 
-def _prunable(d: Dialect, now_sql: str) -> str:
+def _prunable(d: Driver, now_sql: str) -> str:
     """What a finished job ``j`` needs to be deleted besides its policy: no dedup key of its
     that still holds (``Dedup(ttl=...)`` holds whatever the job's state), and no unfinished
     flow child (a worker finishing that child locks its edge, then the parent: deleting the
@@ -69,7 +69,7 @@ def _prunable(d: Dialect, now_sql: str) -> str:
     )
 
 
-def _delete_finished(cursor: Any, d: Dialect, select_ids: str, params: list[Any]) -> int:
+def _delete_finished(cursor: Any, d: Driver, select_ids: str, params: list[Any]) -> int:
     """Delete the finished jobs ``select_ids`` returns (it locks them, skipping locked rows) with
     their logs, flow edges and dedup keys; children keep running without the parent link. Call
     inside a transaction."""
@@ -93,7 +93,7 @@ def _delete_finished(cursor: Any, d: Dialect, select_ids: str, params: list[Any]
 def prune_expired_jobs(*, using: str, limit: int, now: datetime | None = None) -> int:
     """Delete up to ``limit`` finished jobs whose retention ended (``purge_at`` passed), oldest
     first, in one short transaction; return how many. Unfinished jobs are never touched."""
-    d = Dialect(using)
+    d = driver(using)
     now_sql, now_params = d.now(now)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         return _delete_finished(
@@ -122,7 +122,7 @@ def prune_over_count(
     newest; return how many. Walks django_jobs_finished_q_idx."""
     if state not in FINISHED_STATES:
         raise ValueError(f"state must be one of {', '.join(FINISHED_STATES)}; got {state!r}.")
-    d = Dialect(using)
+    d = driver(using)
     now_sql, now_params = d.now(now)
     scope = "j.queue = %s AND j.state = %s AND j.finished_at IS NOT NULL"
     params: list[Any] = [queue, state]
@@ -154,7 +154,7 @@ def prune_over_count(
 def trim_events(*, using: str, keep: int, limit: int) -> int:
     """Delete up to ``limit`` events per queue beyond each queue's ``keep`` newest; return how
     many."""
-    d = Dialect(using)
+    d = driver(using)
     total = 0
     for queue in _distinct_queues(using, EVENT_TABLE):
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
@@ -179,7 +179,7 @@ def trim_events(*, using: str, keep: int, limit: int) -> int:
 
 def trim_metrics(*, using: str, older_than: datetime, limit: int) -> int:
     """Delete up to ``limit`` Metric rows of minutes before ``older_than``; return how many."""
-    d = Dialect(using)
+    d = driver(using)
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"DELETE FROM {METRIC_TABLE} WHERE "
@@ -195,20 +195,20 @@ def trim_metrics(*, using: str, older_than: datetime, limit: int) -> int:
 def promote_due_jobs(*, using: str, limit: int, backend: str | None = None, now: datetime | None = None) -> int:
     """Move up to ``limit`` delayed jobs whose time has come (of ``backend``, or all) to
     ``waiting``; return how many."""
-    d = Dialect(using)
+    d = driver(using)
     now_sql, now_params = d.now(now)
     scope, scope_params = _backend_scope(backend)
-    sql = (
-        f"UPDATE {JOB_TABLE} SET state = 'waiting' WHERE "
-        + d.id_in(
+    where = (
+        d.id_in(
             f"SELECT id FROM {JOB_TABLE} WHERE state = 'delayed' AND available_at <= {now_sql}{scope} "
             f"ORDER BY available_at LIMIT %s {d.skip_locked()}"
         )
-        + " AND state = 'delayed' RETURNING queue, id"
+        + " AND state = 'delayed'"
     )
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, [*now_params, *scope_params, limit])
-        rows = cursor.fetchall()
+        rows = d.update_returning(
+            cursor, JOB_TABLE, "state = 'waiting'", [], where, [*now_params, *scope_params, limit], "queue, id"
+        )
         write_events(cursor, d, [(r[0], d.to_uuid(r[1]), "promoted", {}) for r in rows], now)
     notify(using, sorted({r[0] for r in rows}))
     return len(rows)
@@ -264,7 +264,7 @@ def rescue_stalled_jobs(
     ``JobStalled`` error; one cancelled while it ran becomes ``cancelled`` (it must not run
     again). Only jobs of ``backend`` when given. Returns the jobs it changed.
     """
-    d = Dialect(using)
+    d = driver(using)
     now_sql, now_params = d.now(now)
     scope, scope_params = _backend_scope(backend)
     error = {
@@ -278,27 +278,31 @@ def rescue_stalled_jobs(
     cancel = "(cancel_requested_at IS NOT NULL)"
     fail = f"(stalled_count + 1 > {int(max_stalled)})"
     end = f"({cancel} OR {fail})"
-    sql = (
-        f"UPDATE {JOB_TABLE} SET stalled_count = stalled_count + 1, "
+    # "fail" counts this stall on top of the stalled_count before it. Ordered so that no
+    # assignment reads a column assigned before it (MySQL assigns left to right): stalled_count
+    # last, attempts after started_at.
+    set_sql = (
         f"state = CASE WHEN {cancel} THEN 'cancelled' WHEN {fail} THEN 'failed' ELSE 'waiting' END, "
+        f"started_at = CASE WHEN {end} OR attempts > 1 THEN started_at ELSE NULL END, "
         f"attempts = CASE WHEN {end} THEN attempts ELSE attempts - 1 END, "
         f"worker_ids = CASE WHEN {end} THEN worker_ids ELSE {d.json_pop('worker_ids')} END, "
-        f"started_at = CASE WHEN {end} OR attempts > 1 THEN started_at ELSE NULL END, "
         f"errors = CASE WHEN {fail} AND NOT {cancel} THEN {d.json_append('errors', d.cast('%s', 'jsonb'))} "
         f"ELSE errors END, "
         f"finished_at = CASE WHEN {end} THEN {now_sql} ELSE NULL END, "
-        f"lease_token = NULL, lease_expires_at = NULL "
-        "WHERE "
-        + d.id_in(
+        f"lease_token = NULL, lease_expires_at = NULL, stalled_count = stalled_count + 1"
+    )
+    where = (
+        d.id_in(
             f"SELECT id FROM {JOB_TABLE} WHERE state = 'active' AND lease_expires_at < {now_sql}{scope} "
             f"ORDER BY lease_expires_at LIMIT %s {d.skip_locked()}"
         )
-        + f" AND state = 'active' AND lease_expires_at < {now_sql} RETURNING id, queue, backend, state, parent_id"
+        + f" AND state = 'active' AND lease_expires_at < {now_sql}"
     )
-    params = [json.dumps(error), *now_params, *now_params, *scope_params, limit, *now_params]
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        returned = cursor.fetchall()
+        returned = d.update_returning(
+            cursor, JOB_TABLE, set_sql, [json.dumps(error), *now_params],
+            where, [*now_params, *scope_params, limit, *now_params], "id, queue, backend, state, parent_id",
+        )  # fmt: skip
         rows = [RescuedJob(d.to_uuid(r[0]), r[1], r[2], r[3]) for r in returned]
         write_events(
             cursor,

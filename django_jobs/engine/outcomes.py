@@ -14,11 +14,11 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from .. import retention
-from ..db import Dialect, hot_cursor, is_transient
+from ..db import is_transient
+from ..drivers import Driver, driver
 from ..states import FINISHED_STATES, JobState
 from .common import (
     JOB_TABLE,
-    METRIC_TABLE,
     Outcome,
     _cancelled_error,
     _drop_broken_connection,
@@ -30,8 +30,6 @@ from .common import (
 from .effects import (
     _finished_elsewhere,
     _outcome_events_and_metrics,
-    _pg_event_cte,
-    _pg_event_notify,
     notify,
     write_events,
 )
@@ -61,8 +59,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     for o in outcomes:
         if o.state not in _OUTCOME_STATES:
             raise ValueError(f"not an outcome state: {o.state!r}")
-    d = Dialect(using)
-    now_sql, now_params = d.now(now)
+    d = driver(using)
     # When retention lets the finished job go (purge_at), from this process's clock: a day's
     # policy does not care about the milliseconds between it and the database's.
     finished_at = now or timezone.now()
@@ -93,82 +90,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
                 o.runtime_ms,
             ]
         )
-    t = JOB_TABLE
-    events = events_enabled()
-    columns = "id, token, state, rv, err, avail, uncount, avail_seq, purge, purge_c, rt"
-    values: list[Any]
-    if d.pg:
-        # The whole batch is one JSON parameter (serialised by json's C encoder) and the
-        # statement's text is the same for every batch size, so psycopg parses it once. (A VALUES
-        # list of 11 parameters a row was parsed and quoted anew for every batch: the completer's
-        # largest cost.)
-        values = [json.dumps(rows_out, default=str)]
-        values_cte = (
-            f"WITH v({columns}) AS (SELECT (e->>0)::uuid, (e->>1)::uuid, e->>2, (e->>3)::jsonb, (e->>4)::jsonb, "
-            f"(e->>5)::timestamptz, (e->>6)::integer, (e->>7)::bigint, (e->>8)::timestamptz, (e->>9)::timestamptz, "
-            f"(e->>10)::bigint FROM jsonb_array_elements(%s::jsonb) e)"
-        )
-    else:
-        values = [
-            v
-            for r in rows_out
-            for v in (d.uuid(r[0]), d.uuid(r[1]), *r[2:5], d.dt(r[5]), r[6], r[7], d.dt(r[8]), d.dt(r[9]), r[10])
-        ]
-        row_sql = f"({', '.join(['%s'] * 11)})"
-        values_cte = f"WITH v({columns}) AS (VALUES {', '.join([row_sql] * len(outcomes))})"
-    update = (
-        f"UPDATE {t} SET state = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE v.state END, "
-        f"return_value = v.rv, "
-        f"attempts = {t}.attempts - v.uncount, "
-        f"worker_ids = CASE WHEN v.uncount = 1 THEN {d.json_pop(t + '.worker_ids')} ELSE {t}.worker_ids END, "
-        f"errors = CASE WHEN v.err IS NULL THEN {t}.errors ELSE {d.json_append(t + '.errors', 'v.err')} END, "
-        f"available_at = COALESCE(v.avail, {t}.available_at), "
-        f"seq = CASE WHEN v.avail_seq IS NULL THEN {t}.seq WHEN {t}.seq < 0 THEN -v.avail_seq ELSE v.avail_seq END, "
-        f"finished_at = CASE WHEN v.state IN ('completed', 'failed') OR {t}.cancel_requested_at IS NOT NULL "
-        f"THEN {now_sql} ELSE NULL END, "
-        f"purge_at = CASE WHEN {t}.cancel_requested_at IS NOT NULL THEN v.purge_c "
-        f"WHEN v.state IN ('completed', 'failed') THEN v.purge ELSE NULL END, "
-        # The lease token stays: it tells a retried batch which rows its lost first try wrote.
-        f"lease_expires_at = NULL "
-        f"FROM v WHERE {t}.id = v.id AND {t}.state = 'active' AND {t}.lease_token = v.token "
-        f"RETURNING {t}.id, {t}.queue, {t}.state, {t}.parent_id, {t}.partition_key, {t}.attempts, "
-        f"{t}.last_attempted_at, {t}.finished_at"
-    )
-    sql = f"{values_cte} {update}"
-    params = [*values, *now_params]
-    if d.pg:
-        # The batch's events and its Metric counts ride on the same statement: no round trip
-        # more, and they commit (or not) with the outcomes they count.
-        kind = (
-            "CASE WHEN r.state IN ('waiting', 'delayed') THEN CASE WHEN r.uncount = 1 THEN 'snoozed' "
-            "ELSE 'retried' END ELSE r.state END"
-        )
-        runtime = f"COALESCE(r.rt, EXTRACT(EPOCH FROM ({now_sql} - r.last_attempted_at)) * 1000)"
-        data = (
-            f"jsonb_strip_nulls(jsonb_build_object('attempt', r.attempts, 'error', r.err->>'exception_class_path', "
-            f"'runtime_ms', round({runtime})::bigint))"
-        )
-        ended = "r.state IN ('completed', 'failed')"
-        sql = (
-            f"{values_cte}, r AS ({update}, v.uncount, v.err, v.rt), "
-            + (f"{_pg_event_cte('r', kind, data)}, " if events else "")
-            + f"m AS (INSERT INTO {METRIC_TABLE} (queue, minute, completed, failed, retried, runtime_ms) "
-            f"SELECT r.queue, date_trunc('minute', {now_sql}, 'UTC'), count(*) FILTER (WHERE r.state = 'completed'), "
-            f"count(*) FILTER (WHERE r.state = 'failed'), "
-            f"count(*) FILTER (WHERE r.state IN ('waiting', 'delayed') AND r.uncount = 0), "
-            f"COALESCE(round(sum({runtime}) FILTER (WHERE {ended})), 0)::bigint "
-            f"FROM r GROUP BY r.queue ORDER BY r.queue "
-            f"ON CONFLICT (queue, minute) DO UPDATE SET completed = {METRIC_TABLE}.completed + EXCLUDED.completed, "
-            f"failed = {METRIC_TABLE}.failed + EXCLUDED.failed, retried = {METRIC_TABLE}.retried + EXCLUDED.retried, "
-            f"runtime_ms = {METRIC_TABLE}.runtime_ms + EXCLUDED.runtime_ms) "
-            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key, r.attempts, r.last_attempted_at, "
-            f"r.finished_at FROM r" + (f", {_pg_event_notify('r')}" if events else "")
-        )
-        if events:
-            params += now_params  # the run time in the event's data
-        params += [*now_params, *now_params]  # the metric's minute and run time
-        if events:
-            params.append(events_channel())
+    fused = d.FUSED_EFFECTS and events_enabled()
     by_id = {o.job_id: o for o in outcomes}
 
     def children_that_ended(rows: list[tuple[Any, ...]]) -> list[tuple[uuid.UUID, str, Any]]:
@@ -183,12 +105,11 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     # A child's final state and its parent's progress are one change: one transaction when the
     # batch has flow children (Outcome.has_parent); plain autocommit otherwise (the hot path).
     flows = any(o.has_parent for o in outcomes)
-    # SQLite writes the events and metrics with more statements: one transaction with them.
-    with transaction.atomic(using=using) if flows or not d.pg else contextlib.nullcontext():
-        with hot_cursor(using, generic=True) as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-            if not d.pg:
+    # Without FUSED_EFFECTS the events and metrics take more statements: one transaction with them.
+    with transaction.atomic(using=using) if flows or not d.FUSED_EFFECTS else contextlib.nullcontext():
+        with d.cursor(hot=True, generic=True) as cursor:
+            rows = d.record_outcomes(cursor, rows_out, now, events_channel() if fused else None)
+            if not d.FUSED_EFFECTS:
                 _outcome_events_and_metrics(cursor, d, rows, by_id, finished_at)
         ended = children_that_ended(rows)
         if flows:
@@ -258,7 +179,7 @@ def record_outcomes(outcomes: list[Outcome], *, using: str, now: datetime | None
     return written
 
 
-def _written_before(d: Dialect, using: str, outcomes: list[Outcome]) -> list[tuple[Any, ...]]:
+def _written_before(d: Driver, using: str, outcomes: list[Outcome]) -> list[tuple[Any, ...]]:
     """Rows, shaped as the outcome statement returns them, of ``outcomes`` that an earlier try
     of the same batch already wrote: no longer active, still holding the outcome's lease token,
     in a state that outcome leads to, with its return value and (last) error."""
@@ -312,7 +233,7 @@ def release_jobs(
     The attempt and its worker id are taken back, so the next worker runs it as the same attempt.
     A job cancelled while it ran is not run again: it becomes ``cancelled``.
     """
-    d = Dialect(using)
+    d = driver(using)
     now_sql, now_params = d.now(now)
     where = ["state = 'active'", "worker_id = %s"]
     params: list[Any] = [worker_id]
@@ -324,20 +245,21 @@ def release_jobs(
         sql, p = d.in_list(column, [d.uuid(v) for v in values])
         where.append(sql)
         params += p
-    sql = (
-        f"UPDATE {JOB_TABLE} SET "
+    set_sql = (
         f"state = CASE WHEN cancel_requested_at IS NULL THEN 'waiting' ELSE 'cancelled' END, "
         f"finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE {now_sql} END, "
+        # Before attempts: no assignment may read a column assigned before it (MySQL assigns
+        # left to right).
+        f"started_at = CASE WHEN attempts <= 1 AND cancel_requested_at IS NULL THEN NULL ELSE started_at END, "
         # A job handed back takes its attempt back; a cancelled one ends, its attempt counted.
         f"attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END, "
         f"worker_ids = CASE WHEN cancel_requested_at IS NULL THEN {d.json_pop('worker_ids')} ELSE worker_ids END, "
-        f"started_at = CASE WHEN attempts <= 1 AND cancel_requested_at IS NULL THEN NULL ELSE started_at END, "
-        f"lease_token = NULL, lease_expires_at = NULL "
-        f"WHERE {' AND '.join(where)} RETURNING queue, state, id, parent_id"
+        f"lease_token = NULL, lease_expires_at = NULL"
     )
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, [*now_params, *params])
-        returned = cursor.fetchall()
+        returned = d.update_returning(
+            cursor, JOB_TABLE, set_sql, now_params, " AND ".join(where), params, "queue, state, id, parent_id"
+        )
         write_events(cursor, d, [(r[0], d.to_uuid(r[2]), "released", {}) for r in returned if r[1] == JobState.WAITING])
         _finished_elsewhere(
             cursor, d, [d.to_uuid(r[2]) for r in returned if r[1] == JobState.CANCELLED], "finished", now
@@ -362,7 +284,7 @@ def renew_leases(
     """
     if not lease_tokens:
         return 0
-    d = Dialect(using)
+    d = driver(using)
     lease_sql, lease_params = d.now_plus(now, lease_seconds)
     tokens_sql, tokens_params = d.in_list("lease_token", [d.uuid(t) for t in lease_tokens])
     with connections[using].cursor() as cursor:

@@ -8,15 +8,16 @@ from typing import Any
 
 from django.db import connections, models
 
-from ..db import Dialect
+from ..drivers import Driver, driver
+from ..drivers.base import UNFINISHED_SQL
+from ..drivers.inserts import SIZE_LIMITED as _SIZE_LIMITED
 from ..exceptions import QueueFull
 from ..models import Job, QueueState
 from ..states import FINISHED_STATES
-from .common import JOB_TABLE, QUEUE_TABLE, UNFINISHED_SQL, logger
+from .common import JOB_TABLE, logger
 from .effects import notify
 
 #: True for a queue whose enqueues are counted against a size limit (see :func:`_admit`).
-_SIZE_LIMITED = "(max_size IS NOT NULL OR partition_max_size IS NOT NULL)"
 
 
 def _queue_size_limited(using: str, queue: str) -> bool:
@@ -28,20 +29,10 @@ def _queue_size_limited(using: str, queue: str) -> bool:
     )
 
 
-def _lock_queue(cursor: Any, d: Dialect, queue: str, columns: str, where: str = "") -> tuple[Any, ...] | None:
+def _lock_queue(cursor: Any, d: Driver, queue: str, columns: str, where: str = "") -> tuple[Any, ...] | None:
     """Lock ``queue``'s QueueState row until the transaction ends and return ``columns`` of it;
-    None when the queue has no row (or it does not match ``where``, then nothing is locked).
-
-    PostgreSQL: ``SELECT ... FOR UPDATE``. SQLite has no row locks: an UPDATE that changes
-    nothing takes the database's write lock, which the transaction keeps (and, being a write
-    first, waits for the lock instead of failing to upgrade a read).
-    """
-    extra = f" AND {where}" if where else ""
-    if d.pg:
-        cursor.execute(f"SELECT {columns} FROM {QUEUE_TABLE} WHERE name = %s{extra} FOR UPDATE", [queue])
-    else:
-        cursor.execute(f"UPDATE {QUEUE_TABLE} SET name = name WHERE name = %s{extra} RETURNING {columns}", [queue])
-    return cursor.fetchone()
+    None when the queue has no row (or it does not match ``where``, then nothing is locked)."""
+    return d.lock_queue(cursor, queue, columns, where)
 
 
 def _count_unfinished(cursor: Any, queue: str, partition: str | None, cap: int) -> int:
@@ -58,7 +49,7 @@ def _count_unfinished(cursor: Any, queue: str, partition: str | None, cap: int) 
     return cursor.fetchone()[0]
 
 
-def _admit(cursor: Any, d: Dialect, queue: str, adding: dict[str | None, int], *, batch_before: int = 0) -> None:
+def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *, batch_before: int = 0) -> None:
     """Raise QueueFull when ``adding`` (``{partition or None: new jobs}``) would take ``queue``
     or one of its partitions past its max size. Call inside a transaction, before the INSERT.
 
@@ -69,17 +60,7 @@ def _admit(cursor: Any, d: Dialect, queue: str, adding: dict[str | None, int], *
     lock reads anew): the size never passes the limit, however many processes enqueue. ``batch_before``: jobs of the same batch
     this transaction already inserted (they are counted in the size; the message names them).
     """
-    if d.pg:
-        # An advisory lock, not the QueueState row's: the caller keeps it until its transaction
-        # ends, and a long transaction must not hold up the claims (which lock the row).
-        cursor.execute(f"SELECT 1 FROM {QUEUE_TABLE} WHERE name = %s AND {_SIZE_LIMITED}", [queue])
-        if cursor.fetchone() is None:
-            return
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"django_jobs.admit:{queue}"])
-        cursor.execute(f"SELECT max_size, partition_max_size FROM {QUEUE_TABLE} WHERE name = %s", [queue])
-        row = cursor.fetchone()
-    else:
-        row = _lock_queue(cursor, d, queue, "max_size, partition_max_size", _SIZE_LIMITED)
+    row = d.lock_admission(cursor, queue, _SIZE_LIMITED)
     if row is None:
         return
     max_size, partition_max = row
@@ -100,7 +81,7 @@ def _admit(cursor: Any, d: Dialect, queue: str, adding: dict[str | None, int], *
                 )  # fmt: skip
 
 
-def _unblock_heads(cursor: Any, d: Dialect, partitions: set[tuple[str, str]]) -> int:
+def _unblock_heads(cursor: Any, d: Driver, partitions: set[tuple[str, str]]) -> int:
     """Clear ``blocked`` on the next job (earliest unfinished) of each (queue, partition) so
     claims see it; return how many were blocked. Inserts block a partitioned job and call this
     right after; a job reaching a final state calls it for its partition. A hint only: two
@@ -108,33 +89,7 @@ def _unblock_heads(cursor: Any, d: Dialect, partitions: set[tuple[str, str]]) ->
     PartitionSweeper (:func:`unblock_partitions`) clears within one of its intervals."""
     if not partitions:
         return 0
-    keys = sorted(partitions)
-    if d.pg:
-        # One statement for the batch (an outcome batch finishes jobs of many partitions): per
-        # (queue, partition), its first partition_concurrency (default 1) unfinished jobs.
-        # The rows are locked in id order first (the ORDER BY ... FOR UPDATE): two batches freeing
-        # overlapping partitions then wait for each other instead of deadlocking.
-        values = ", ".join(["(%s::text, %s::text)"] * len(keys))
-        cursor.execute(
-            f"UPDATE {JOB_TABLE} SET blocked = false WHERE id IN (SELECT b.id FROM {JOB_TABLE} b WHERE b.id IN ("
-            f"SELECT n.id FROM (VALUES {values}) v(q, p) "
-            f"CROSS JOIN LATERAL (SELECT u.id FROM {JOB_TABLE} u WHERE u.queue = v.q AND u.partition_key = v.p "
-            f"AND u.state IN {UNFINISHED_SQL} ORDER BY u.id LIMIT (SELECT COALESCE(MAX(partition_concurrency), 1) "
-            f"FROM {QUEUE_TABLE} WHERE name = v.q)) n) AND b.blocked ORDER BY b.id FOR UPDATE) AND blocked",
-            [x for key in keys for x in key],
-        )
-        return cursor.rowcount
-    freed = 0
-    for queue, partition in keys:
-        # The first partition_concurrency (default 1) unfinished jobs may run.
-        cursor.execute(
-            f"UPDATE {JOB_TABLE} SET blocked = {d.false()} WHERE id IN (SELECT id FROM {JOB_TABLE} WHERE queue = %s "
-            f"AND partition_key = %s AND state IN {UNFINISHED_SQL} ORDER BY id LIMIT (SELECT "
-            f"COALESCE(MAX(partition_concurrency), 1) FROM {QUEUE_TABLE} WHERE name = %s)) AND blocked",
-            [queue, partition, queue],
-        )
-        freed += cursor.rowcount
-    return freed
+    return d.unblock_heads(cursor, sorted(partitions))
 
 
 def unblock_partitions(*, using: str, limit: int) -> int:
@@ -143,7 +98,7 @@ def unblock_partitions(*, using: str, limit: int) -> int:
     many jobs. The PartitionSweeper's run: one scan of django_jobs_blocked_idx (one entry per
     unfinished job that waits for its partition's turn) grouped by partition, with one probe of
     django_jobs_unfinished_idx per partition."""
-    d = Dialect(using)
+    d = driver(using)
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"SELECT b.queue, b.partition_key FROM {JOB_TABLE} b WHERE {d.is_blocked('b')} AND b.state IN {UNFINISHED_SQL} "
@@ -173,7 +128,7 @@ def _unblock_partitions(using: str, keys: set[tuple[str, str]]) -> int:
     if not keys:
         return 0
     with connections[using].cursor() as cursor:
-        freed = _unblock_heads(cursor, Dialect(using), keys)
+        freed = _unblock_heads(cursor, driver(using), keys)
     if freed:
         notify(using, sorted({q for q, _ in keys}))
     return freed

@@ -9,7 +9,7 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ..db import Dialect
+from ..drivers import driver
 from ..exceptions import QueueFull
 from ..models import Job, Schedule
 from ..states import JobState
@@ -53,18 +53,18 @@ def advance_schedule(
         job.seq = ready_seq(job.available_at, bool(job.options.get("lifo")))
         try:
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
-                _admit(cursor, Dialect(using), job.queue, {job.partition_key: 1})
+                d = driver(using)
+                _admit(cursor, d, job.queue, {job.partition_key: 1})
                 job.blocked = job.partition_key is not None
-                if given_now is None and Dialect(using).pg:
+                if given_now is None and d.DATABASE_CLOCK:
                     # The database's clock, as for every enqueue and the job's later times (a
                     # tick is rare: one round trip more is nothing here).
-                    cursor.execute("SELECT now()")
-                    job.enqueued_at = cursor.fetchone()[0]
+                    job.enqueued_at = d.transaction_now(cursor)
                 Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
                 if Job.objects.using(using).filter(id=job.id).exists():  # not a tick's second job
-                    write_events(cursor, Dialect(using), [(job.queue, job.id, "enqueued", _enqueued_data(job))], now)
+                    write_events(cursor, driver(using), [(job.queue, job.id, "enqueued", _enqueued_data(job))], now)
                 if job.partition_key is not None:
-                    _unblock_heads(cursor, Dialect(using), {(job.queue, job.partition_key)})
+                    _unblock_heads(cursor, driver(using), {(job.queue, job.partition_key)})
         except QueueFull as exc:
             # Backpressure wins over the schedule: this tick is skipped (not counted against its
             # limit), the next one tries again.

@@ -1,0 +1,391 @@
+"""PostgreSQL: every capability. Statements carry their own events, metrics and NOTIFY (data-
+modifying CTEs), claims skip locked rows, and the hot statements are prepared."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from ..conf import get_settings
+from .base import (
+    CHUNK,
+    CLAIM_COLUMNS,
+    EVENT_COLUMNS,
+    EVENT_TABLE,
+    JOB_TABLE,
+    METRIC_TABLE,
+    OUTCOME_COLUMNS,
+    QUEUE_TABLE,
+    UNFINISHED_SQL,
+    Driver,
+)
+from .inserts import insert_chunk_sql, insert_sql
+from .pg_sql import HORIZON_SQL, TXID, event_cte, event_notify
+
+logger = logging.getLogger("django_jobs.db")
+
+MIN_VERSION = 13  # gen_random_uuid() in core
+
+
+class PostgreSQLDriver(Driver):
+    __slots__ = ()
+    VENDOR = "postgresql"
+    SKIP_LOCKED = True
+    ROW_LOCKS = True
+    LISTEN_NOTIFY = True
+    ADVISORY_LOCKS = True
+    DATABASE_CLOCK = True
+    FUSED_EFFECTS = True
+    BATCH_AS_JSON = True
+
+    def cursor(self, *, hot: bool = False, generic: bool = False) -> Any:
+        return prepared_cursor(self.connection, generic=generic) if hot else self.connection.cursor()
+
+    # Values sent to the database: psycopg adapts UUIDs and aware datetimes itself.
+    def uuid(self, value: uuid.UUID | None) -> Any:
+        return value
+
+    def dt(self, value: datetime | None) -> Any:
+        return value
+
+    def now(self, value: datetime | None) -> tuple[str, list[Any]]:
+        return "COALESCE(%s::timestamptz, now())", [value]
+
+    def now_plus(self, value: datetime | None, seconds: float) -> tuple[str, list[Any]]:
+        return "(COALESCE(%s::timestamptz, now()) + make_interval(secs => %s))", [value, seconds]
+
+    def clock(self, cursor: Any) -> datetime:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+    def transaction_now(self, cursor: Any) -> datetime:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+    def in_list(self, column: str, values: list[Any]) -> tuple[str, list[Any]]:
+        return f"{column} = ANY(%s)", [list(values)]
+
+    def json_append(self, column: str, value_sql: str) -> str:
+        return f"({column} || jsonb_build_array({value_sql}))"
+
+    def json_append_text(self, column: str, value_sql: str) -> str:
+        return f"({column} || jsonb_build_array({value_sql}::text))"
+
+    def json_pop(self, column: str) -> str:
+        return f"({column} - (jsonb_array_length({column}) - 1))"
+
+    def json_array_text(self, columns: tuple[str, ...]) -> str:
+        return f"jsonb_build_array({', '.join(columns)})::text"
+
+    def cast(self, sql: str, pg_type: str) -> str:
+        return f"{sql}::{pg_type}"
+
+    def id_in(self, select_sql: str) -> str:
+        # PostgreSQL may re-run a plain ``IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`` per
+        # outer row, so LIMIT would stop bounding the update; ``ARRAY(...)`` is an InitPlan,
+        # evaluated once.
+        return f"id = ANY(ARRAY({select_sql}))"
+
+    def false(self) -> str:
+        return "false"
+
+    def not_blocked(self, alias: str) -> str:
+        return f"NOT {alias}.blocked"
+
+    def is_blocked(self, alias: str) -> str:
+        return f"{alias}.blocked"
+
+    def notify(self, cursor: Any, channel: str, payloads: list[str]) -> None:
+        for payload in payloads:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+    # -- events: in the change's own statement ---------------------------------------------------
+
+    def events_horizon(self, cursor: Any) -> int | None:
+        cursor.execute(HORIZON_SQL)
+        return cursor.fetchone()[0]
+
+    def append_events(
+        self,
+        cursor: Any,
+        events: list[tuple[str, uuid.UUID | None, str, dict[str, Any]]],
+        created: datetime,
+        channel: str,
+    ) -> None:
+        # Stamped by the database (clock_timestamp()) and ordered by the writer's txid; the
+        # events channel is notified once per statement (PostgreSQL folds a transaction's
+        # identical notifications into one).
+        for start in range(0, len(events), CHUNK):
+            part = events[start : start + CHUNK]
+            params: list[Any] = []
+            for queue, job_id, kind, data in part:
+                params += [queue, job_id, kind, json.dumps(data, default=str)]
+            rows = ", ".join(["(%s, %s::uuid, %s, %s::jsonb)"] * len(part))
+            cursor.execute(
+                f"WITH ins AS (INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) SELECT {TXID}, v.q, v.j, v.k, v.d, "
+                f"clock_timestamp() FROM (VALUES {rows}) v(q, j, k, d) RETURNING 1) "
+                f"SELECT count(pg_notify(%s, '')) FROM (SELECT 1 FROM ins LIMIT 1) one",
+                [*params, channel],
+            )
+
+    # -- jobs: claim ------------------------------------------------------------------------------
+
+    def claim_jobs(
+        self,
+        cursor: Any,
+        *,
+        where: str,
+        params: list[Any],
+        limit: int,
+        lease_token: uuid.UUID,
+        worker_id: str,
+        now: datetime | None,
+        lease_seconds: float,
+        events_channel: str | None,
+    ) -> list[tuple[Any, ...]]:
+        sql, all_params = self._claim_sql(where, params, limit, lease_token, worker_id, now, lease_seconds)
+        if events_channel is not None:
+            # The "active" events ride on the claim.
+            data = "jsonb_build_object('attempt', r.attempts, 'worker', r.worker_id)"
+            sql = (
+                f"WITH r AS ({sql}, worker_id), {event_cte('r', "'active'", data)} "
+                f"SELECT {', '.join('r.' + c for c in (*CLAIM_COLUMNS, 'payload'))} FROM r, {event_notify('r')}"
+            )
+            all_params.append(events_channel)
+        cursor.execute(sql, all_params)
+        return cursor.fetchall()
+
+    # -- jobs: insert -----------------------------------------------------------------------------
+
+    def insert_job_sql(self, *, notify: bool, once: bool, guarded: bool, events: bool) -> str:
+        return insert_sql(True, notify=notify, once=once, guarded=guarded, events=events)
+
+    def insert_jobs(
+        self,
+        cursor: Any,
+        *,
+        ids: list[uuid.UUID],
+        part: list[tuple[str, str]],
+        start: int,
+        seq: int,
+        offset: int,
+        step: int,
+        shared: list[Any],
+        event: tuple[str, str] | None,
+    ) -> datetime | None:
+        # The rows as one JSON array of [id, args, kwargs, seq]: the args and kwargs are JSON the
+        # caller validated, spliced in as they are rather than parsed and dumped again.
+        rows = (
+            "["
+            + ",".join(
+                f'["{ids[i]}",{args_json},{kwargs_json},{seq + offset + step * i}]'
+                for i, (args_json, kwargs_json) in enumerate(part, start)
+            )
+            + "]"
+        )
+        params: list[Any] = [rows, *(event or ()), *shared]  # the WITH comes first in the statement
+        cursor.execute(insert_chunk_sql(True, CHUNK, event is not None), params)
+        # The statement returns the enqueued_at it stored; later chunks reuse it.
+        return self.to_dt(cursor.fetchone()[0])
+
+    # -- jobs: outcomes -----------------------------------------------------------------------------
+
+    def record_outcomes(
+        self, cursor: Any, rows: list[list[Any]], now: datetime | None, events_channel: str | None
+    ) -> list[tuple[Any, ...]]:
+        now_sql, now_params = self.now(now)
+        # The whole batch is one JSON parameter (serialised by json's C encoder) and the
+        # statement's text is the same for every batch size, so psycopg parses it once. (A VALUES
+        # list of 11 parameters a row was parsed and quoted anew for every batch: the completer's
+        # largest cost.)
+        values_cte = (
+            f"WITH v({OUTCOME_COLUMNS}) AS (SELECT (e->>0)::uuid, (e->>1)::uuid, e->>2, (e->>3)::jsonb, "
+            f"(e->>4)::jsonb, (e->>5)::timestamptz, (e->>6)::integer, (e->>7)::bigint, (e->>8)::timestamptz, "
+            f"(e->>9)::timestamptz, (e->>10)::bigint FROM jsonb_array_elements(%s::jsonb) e)"
+        )
+        update = self._outcome_update(now_sql)
+        params = [json.dumps(rows, default=str), *now_params]
+        # The batch's events and its Metric counts ride on the same statement: no round trip
+        # more, and they commit (or not) with the outcomes they count.
+        events = events_channel is not None
+        kind = (
+            "CASE WHEN r.state IN ('waiting', 'delayed') THEN CASE WHEN r.uncount = 1 THEN 'snoozed' "
+            "ELSE 'retried' END ELSE r.state END"
+        )
+        runtime = f"COALESCE(r.rt, EXTRACT(EPOCH FROM ({now_sql} - r.last_attempted_at)) * 1000)"
+        data = (
+            f"jsonb_strip_nulls(jsonb_build_object('attempt', r.attempts, 'error', r.err->>'exception_class_path', "
+            f"'runtime_ms', round({runtime})::bigint))"
+        )
+        ended = "r.state IN ('completed', 'failed')"
+        sql = (
+            f"{values_cte}, r AS ({update}, v.uncount, v.err, v.rt), "
+            + (f"{event_cte('r', kind, data)}, " if events else "")
+            + f"m AS (INSERT INTO {METRIC_TABLE} (queue, minute, completed, failed, retried, runtime_ms) "
+            f"SELECT r.queue, date_trunc('minute', {now_sql}, 'UTC'), count(*) FILTER (WHERE r.state = 'completed'), "
+            f"count(*) FILTER (WHERE r.state = 'failed'), "
+            f"count(*) FILTER (WHERE r.state IN ('waiting', 'delayed') AND r.uncount = 0), "
+            f"COALESCE(round(sum({runtime}) FILTER (WHERE {ended})), 0)::bigint "
+            f"FROM r GROUP BY r.queue ORDER BY r.queue "
+            f"ON CONFLICT (queue, minute) DO UPDATE SET completed = {METRIC_TABLE}.completed + EXCLUDED.completed, "
+            f"failed = {METRIC_TABLE}.failed + EXCLUDED.failed, retried = {METRIC_TABLE}.retried + EXCLUDED.retried, "
+            f"runtime_ms = {METRIC_TABLE}.runtime_ms + EXCLUDED.runtime_ms) "
+            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key, r.attempts, r.last_attempted_at, "
+            f"r.finished_at FROM r" + (f", {event_notify('r')}" if events else "")
+        )
+        if events:
+            params += now_params  # the run time in the event's data
+        params += [*now_params, *now_params]  # the metric's minute and run time
+        if events:
+            params.append(events_channel)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+    # -- jobs: progress and logs ---------------------------------------------------------------------
+
+    def set_progress(
+        self, cursor: Any, *, job_id: uuid.UUID, lease_token: uuid.UUID, value_json: str, events_channel: str | None
+    ) -> str | None:
+        update = (
+            f"UPDATE {JOB_TABLE} SET progress = %s::jsonb WHERE id = %s AND state = 'active' "
+            f"AND lease_token = %s RETURNING id, queue"
+        )
+        params: list[Any] = [value_json, job_id, lease_token]
+        if events_channel is None:
+            cursor.execute(update, params)
+        else:
+            # The update and its event in one statement, as on the other hot paths.
+            data = "jsonb_build_object('progress', %s::jsonb)"
+            cursor.execute(
+                f"WITH r AS ({update}), {event_cte('r', "'progress'", data)} SELECT r.id, r.queue FROM r, "
+                f"{event_notify('r')}",
+                [*params, value_json, events_channel],
+            )
+        row = cursor.fetchone()
+        return None if row is None else row[1]
+
+    def lock_job_log(self, cursor: Any, key: int) -> None:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+    # -- queues: locks ----------------------------------------------------------------------------
+
+    def lock_admission(self, cursor: Any, queue: str, limited: str) -> tuple[Any, ...] | None:
+        # An advisory lock, not the QueueState row's: the caller keeps it until its transaction
+        # ends, and a long transaction must not hold up the claims (which lock the row).
+        cursor.execute(f"SELECT 1 FROM {QUEUE_TABLE} WHERE name = %s AND {limited}", [queue])
+        if cursor.fetchone() is None:
+            return None
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"django_jobs.admit:{queue}"])
+        cursor.execute(f"SELECT max_size, partition_max_size FROM {QUEUE_TABLE} WHERE name = %s", [queue])
+        return cursor.fetchone()
+
+    # -- jobs: ordered partitions -------------------------------------------------------------------
+
+    def unblock_heads(self, cursor: Any, keys: list[tuple[str, str]]) -> int:
+        # One statement for the batch (an outcome batch finishes jobs of many partitions): per
+        # (queue, partition), its first partition_concurrency (default 1) unfinished jobs.
+        # The rows are locked in id order first (the ORDER BY ... FOR UPDATE): two batches freeing
+        # overlapping partitions then wait for each other instead of deadlocking.
+        values = ", ".join(["(%s::text, %s::text)"] * len(keys))
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET blocked = false WHERE id IN (SELECT b.id FROM {JOB_TABLE} b WHERE b.id IN ("
+            f"SELECT n.id FROM (VALUES {values}) v(q, p) "
+            f"CROSS JOIN LATERAL (SELECT u.id FROM {JOB_TABLE} u WHERE u.queue = v.q AND u.partition_key = v.p "
+            f"AND u.state IN {UNFINISHED_SQL} ORDER BY u.id LIMIT (SELECT COALESCE(MAX(partition_concurrency), 1) "
+            f"FROM {QUEUE_TABLE} WHERE name = v.q)) n) AND b.blocked ORDER BY b.id FOR UPDATE) AND blocked",
+            [x for key in keys for x in key],
+        )
+        return cursor.rowcount
+
+
+# -- statements sent thousands of times ----------------------------------------------------------
+
+
+def prepared_cursor(connection: Any, *, generic: bool = False) -> Any:
+    """A cursor for the statements every job sends (insert, claim, outcome batch).
+
+    With ``PREPARED_STATEMENTS`` on (the default): a server-side-binding psycopg cursor whose
+    statements are prepared, so the server parses and plans each statement's text once per
+    connection, not once per call (planning was 0.6-0.8 ms of a claim or an outcome batch; the
+    parameters change from call to call, the text does not). Django's own cursors bind on the
+    client and never prepare (``prepare_threshold`` is None, for connection poolers). The cursor
+    is wrapped like Django's, so error translation, ``execute_wrapper`` and the debug query log
+    see these statements too. With the setting off (a PgBouncer older than 1.21 in transaction
+    mode), with psycopg2, or once a pooler refused a prepared statement: Django's cursor.
+
+    ``generic`` (the worker's claims and outcome batches): the connection plans prepared
+    statements once (``plan_cache_mode = force_generic_plan``): PostgreSQL's "auto" mode kept
+    re-planning them, a quarter of the server's CPU while draining. Their best plan does not
+    depend on the values (ids, a token, a batch as one JSON array, LIMIT). Not asked for the
+    insert, which runs on the project's own connections, where the setting would also reach its
+    PL/pgSQL functions. Those connections also turn JIT off (``jit = off``): a generic plan is
+    priced without its LIMIT's value, so on a backlog of some 40,000 jobs a claim's estimate
+    passed ``jit_above_cost`` and every claim was JIT-compiled (20-30 ms instead of 1 ms, a
+    100,000-job drain at a tenth of its speed). No statement of theirs gains from JIT.
+    """
+    global _refused_by_pooler
+    if _refused_by_pooler or not get_settings().PREPARED_STATEMENTS:
+        return connection.cursor()
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    raw = connection.connection
+    if not hasattr(raw, "prepare_threshold"):  # psycopg2: no server-side binding
+        return connection.cursor()
+    if generic and not getattr(raw, "_django_jobs_generic", False):
+        if connection.get_autocommit() and not connection.in_atomic_block:  # no rollback takes it back
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
+                )
+            raw._django_jobs_generic = True
+    return connection._prepare_cursor(_prepared_cursor_class()(raw))
+
+
+#: A pooler refused a prepared statement (it does not keep them across transactions): from
+#: then on this process sends the hot statements unprepared, as Django sends its own.
+_refused_by_pooler = False
+_NEVER = 2**31 - 1
+_PREPARED_CURSOR: type | None = None
+
+
+def _prepared_cursor_class() -> type:
+    """psycopg's server-side-binding cursor, preparing every statement it runs (built on first
+    use: the package imports without psycopg)."""
+    global _PREPARED_CURSOR
+    if _PREPARED_CURSOR is None:
+        import psycopg  # optional: the package imports without psycopg
+        from psycopg import errors
+
+        refusals = (errors.InvalidSqlStatementName, errors.DuplicatePreparedStatement)
+
+        class PreparedCursor(psycopg.Cursor):
+            def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True, **kw: Any) -> Any:
+                global _refused_by_pooler
+                conn = self.connection
+                # Django sets the threshold to None, which also ignores prepare=True; ours are
+                # prepared only for the length of this call, so Django's statements on the same
+                # connection are neither prepared nor counted by psycopg's cache.
+                threshold, conn.prepare_threshold = conn.prepare_threshold, _NEVER
+                try:
+                    return super().execute(query, params, prepare=prepare, **kw)
+                except refusals as exc:
+                    # "prepared statement ... does not exist / already exists": a pooler in
+                    # transaction mode hands each transaction another server connection.
+                    _refused_by_pooler = True
+                    logger.warning(
+                        "The database refused a prepared statement (%s); probably a connection pooler in "
+                        "transaction mode. This process now sends django-jobs' statements unprepared; set "
+                        "DJANGO_JOBS['PREPARED_STATEMENTS'] = False to say so from the start.",
+                        exc,
+                    )
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        raise  # the transaction failed with it: the caller's to retry
+                    return super().execute(query, params, prepare=False, **kw)
+                finally:
+                    conn.prepare_threshold = threshold
+
+        _PREPARED_CURSOR = PreparedCursor
+    return _PREPARED_CURSOR

@@ -1,0 +1,93 @@
+"""SQLite: the zero-setup database. No row locks: a claim is one UPDATE, which holds the
+database's write lock for its length; events and metrics are a second statement in the same
+transaction; workers poll. WAL and a busy timeout are set on each connection."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
+
+from ..conf import get_settings
+from ..db import jobs_database_aliases
+from .base import CHUNK, EVENT_COLUMNS, EVENT_TABLE, Driver
+from .inserts import insert_chunk_sql, insert_many_sql, insert_sql
+
+MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
+
+
+class SQLiteDriver(Driver):
+    __slots__ = ()
+    VENDOR = "sqlite"
+
+    def json_append(self, column: str, value_sql: str) -> str:
+        return f"json_insert({column}, '$[#]', json({value_sql}))"
+
+    def json_append_text(self, column: str, value_sql: str) -> str:
+        return f"json_insert({column}, '$[#]', {value_sql})"
+
+    def json_array_text(self, columns: tuple[str, ...]) -> str:
+        return f"json_array({', '.join(f'json({c})' for c in columns)})"
+
+    def json_pop(self, column: str) -> str:
+        return f"json_remove({column}, '$[#-1]')"
+
+    def insert_job_sql(self, *, notify: bool, once: bool, guarded: bool, events: bool) -> str:
+        return insert_sql(False, notify=False, once=once, guarded=guarded)
+
+    def insert_jobs(
+        self,
+        cursor: Any,
+        *,
+        ids: list[uuid.UUID],
+        part: list[tuple[str, str]],
+        start: int,
+        seq: int,
+        offset: int,
+        step: int,
+        shared: list[Any],
+        event: tuple[str, str] | None,
+    ) -> datetime | None:
+        params: list[Any] = []
+        for i, (args_json, kwargs_json) in enumerate(part, start):
+            params += (ids[i].hex, args_json, kwargs_json, seq + offset + step * i)
+        params += shared
+        n = len(part)
+        cursor.execute(insert_chunk_sql(False, n) if n == CHUNK else insert_many_sql(False, n), params)
+        return None
+
+    def append_enqueued_events(
+        self, cursor: Any, ids: list[uuid.UUID], queue: str, data_json: str, created: datetime
+    ) -> None:
+        values = ", ".join(["(%s)"] * len(ids))
+        cursor.execute(
+            f"WITH v(id) AS (VALUES {values}) INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) "
+            f"SELECT 0, %s, v.id, 'enqueued', %s, %s FROM v",
+            [*(i.hex for i in ids), queue, data_json, self.dt(created)],
+        )
+
+
+def version() -> tuple[int, ...]:
+    return sqlite3.sqlite_version_info
+
+
+@receiver(connection_created)
+def _configure(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """WAL lets readers run beside the one writer; the busy timeout makes a writer wait for the
+    lock instead of failing with "database is locked"."""
+    if connection.vendor != "sqlite":
+        return
+    try:
+        if connection.alias not in jobs_database_aliases():
+            return
+        conf = get_settings()
+    except Exception:  # noqa: BLE001 - a misconfiguration is reported by the system checks
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(conf.SQLITE_BUSY_TIMEOUT_MS)}")
+        if conf.SQLITE_WAL and not connection.is_in_memory_db():
+            cursor.execute("PRAGMA journal_mode = WAL")
