@@ -23,28 +23,26 @@ With ``isolation="process"`` each executor thread runs its jobs in a child proce
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import signal
-import socket
 import threading
 import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
-from django.utils.crypto import get_random_string
 
 from .. import engine
 from ..conf import get_settings
 from ..db import is_transient
-from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
+from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobTimeout, WorkerCrashed
 from ..models import Job
+from ..queues import sync_queues
+from ..schedules import declared_schedules, sync_schedules
 from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
@@ -52,7 +50,21 @@ from .completer import Completer
 from .executor import Attempt, Executor, error_record, event_loop_thread, job_timeout, outcome_for
 from .isolation import ChildProcess
 from .listener import CHANNEL_RE, Listener
+from .options import (
+    DEFAULT_PREFETCH,
+    MAX_WAIT_SECONDS,
+    InvalidWorkerOption,
+    check_declarations,
+    check_options,
+    default_worker_id,
+    require_seconds,
+)
+from .stats import WorkerStats
 from .stop_signals import StopRequests, install_stop_handler, signal_relay
+from .trouble import close_connection, crashed, db_trouble
+
+# What runworker, the tests and users import from here; the options and the stats have modules of their own.
+__all__ = ["DEFAULT_PREFETCH", "MAX_WAIT_SECONDS", "InvalidWorkerOption", "Worker", "WorkerStats"]
 
 logger = logging.getLogger("django_jobs.worker")
 job_logger = logging.getLogger("django_jobs.worker.jobs")
@@ -76,9 +88,6 @@ SHORT_JOB = 0.005
 #: out long) are handed back to the queue for other workers, and prefetching pauses until
 #: ``concurrency`` more jobs have ended.
 PREFETCH_HOLD = 0.1
-#: The default of Worker(prefetch=...) and runworker --prefetch, and its upper bound.
-DEFAULT_PREFETCH = 8
-MAX_PREFETCH = 100
 #: Jobs per statement when prefetched jobs are handed back (SQLite's limit on parameters).
 RELEASE_CHUNK = 400
 #: Most outcomes waiting for the completer before the producer stops claiming (see _produce). A
@@ -92,61 +101,6 @@ GATED_REFRESH = 1.0
 #: How often a worker asks the database for cancels of its running jobs when no NOTIFY tells it
 #: (SQLite, or PostgreSQL while the listener reconnects).
 CANCEL_POLL_INTERVAL = 0.5
-
-ISOLATIONS = ("thread", "process")
-#: Upper bounds of the worker's options (the runworker reference lists every bound). --sleep and
-#: --grace are waits: a day is plenty, and much longer ones overflow thread waits' timeouts.
-MAX_CONCURRENCY = 1000
-MAX_WAIT_SECONDS = 86400
-#: The length of a Worker row's id and of Job.worker_id.
-MAX_WORKER_ID_LENGTH = 200
-
-
-class InvalidWorkerOption(JobsError, ValueError):
-    """A worker option has an invalid value."""
-
-
-@dataclass
-class WorkerStats:
-    completed: int = 0
-    failed: int = 0
-    retried: int = 0
-    snoozed: int = 0
-    cancelled: int = 0
-    timed_out: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    stopped_at: float | None = None
-    released: int = 0
-    #: What the completer measured of the window in which finished jobs were still active
-    #: (:class:`~django_jobs.worker.completer.OutcomeWindow`); runworker prints it at -v 2.
-    outcome_window: str = ""
-
-    @property
-    def processed(self) -> int:
-        return self.completed + self.failed + self.retried + self.snoozed + self.cancelled
-
-    @property
-    def elapsed(self) -> float:
-        return (self.stopped_at or time.monotonic()) - self.started_at
-
-    @property
-    def rate(self) -> float:
-        return self.processed / self.elapsed if self.elapsed > 0 else 0.0
-
-    def summary(self) -> str:
-        return (
-            f"{self.processed} jobs processed in {self.elapsed:.1f}s ({self.rate:.1f}/s): "
-            f"{self.completed} completed, {self.failed} failed, {self.retried} retried"
-            + "".join(
-                f", {getattr(self, name)} {name.replace('_', ' ')}"
-                for name in ("snoozed", "cancelled", "timed_out", "released")
-                if getattr(self, name)
-            )
-        )
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{get_random_string(6)}"
 
 
 class Worker:
@@ -178,41 +132,18 @@ class Worker:
         isolation: str = "thread",
         prefetch: int = DEFAULT_PREFETCH,
     ):
-        from django.tasks import task_backends
-        from django.tasks.exceptions import InvalidTaskBackend
-
-        from ..backend import JobsBackend, validate_queue_name
-
-        try:
-            backend_obj = task_backends[backend]
-        except InvalidTaskBackend:
-            raise InvalidWorkerOption(f"No task backend {backend!r} in TASKS.") from None
-        if not isinstance(backend_obj, JobsBackend):
-            raise InvalidWorkerOption(
-                f"TASKS[{backend!r}] is {type(backend_obj).__name__}; runworker needs django_jobs.backend.JobsBackend."
-            )
-        if queues is not None and "*" in queues:
-            queues = None
-        for name in queues or ():
-            try:
-                validate_queue_name(name)
-            except JobsError as exc:
-                raise InvalidWorkerOption(str(exc)) from None
-        if queues is not None and not queues:
-            raise InvalidWorkerOption("queues must name at least one queue, or be None/'*' for all.")
-        _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
-        _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
-        if max_jobs is not None:
-            _require_int("max_jobs", max_jobs, 1, None)
-        if max_time is not None:
-            _require_seconds("max_time", max_time, zero_ok=False, high=None)
-        if sleep is not None:
-            _require_seconds("sleep", sleep, zero_ok=False, high=MAX_WAIT_SECONDS)
-        _require_seconds("grace", grace, zero_ok=True, high=MAX_WAIT_SECONDS)
-        if worker_id is not None:
-            _require_worker_id(worker_id)
-        if isolation not in ISOLATIONS:
-            raise InvalidWorkerOption(f"isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}.")
+        queues = check_options(
+            queues=queues,
+            concurrency=concurrency,
+            backend=backend,
+            max_jobs=max_jobs,
+            max_time=max_time,
+            sleep=sleep,
+            grace=grace,
+            worker_id=worker_id,
+            isolation=isolation,
+            prefetch=prefetch,
+        )
 
         self.backend = backend
         self.settings = get_settings(backend)
@@ -224,7 +155,7 @@ class Worker:
         self.max_jobs = max_jobs
         self.max_time = max_time
         if sleep is None:  # the system check lets an infinite POLL_INTERVAL through
-            _require_seconds("POLL_INTERVAL", self.settings.POLL_INTERVAL, zero_ok=False, high=MAX_WAIT_SECONDS)
+            require_seconds("POLL_INTERVAL", self.settings.POLL_INTERVAL, zero_ok=False, high=MAX_WAIT_SECONDS)
         self.sleep = sleep or self.settings.POLL_INTERVAL
         self.grace = float(grace)
         self.worker_id = default_worker_id() if worker_id is None else worker_id
@@ -280,22 +211,7 @@ class Worker:
             self._executor.chain_for(backend)  # a broken MIDDLEWARE fails here, not job by job
         except JobsConfigurationError as exc:
             raise InvalidWorkerOption(str(exc)) from None
-        from ..schedules import InvalidSchedule, declaration_fields, declared_schedules
-
-        declared = declared_schedules(backend)
-        if not isinstance(declared, dict):
-            raise InvalidWorkerOption("SCHEDULES must be a dict of {name: declaration}.")
-        for name, declaration in declared.items():
-            try:
-                declaration_fields(name, declaration)
-            except InvalidSchedule as exc:
-                raise InvalidWorkerOption(f"SCHEDULES: {exc}") from None
-        from ..queues import validate_queue_declarations
-
-        try:
-            validate_queue_declarations(self.settings.QUEUES)
-        except JobsConfigurationError as exc:
-            raise InvalidWorkerOption(str(exc)) from None
+        check_declarations(backend, self.settings)
         # Attempts of the jobs this worker claimed, from the claim to the end of the attempt: the
         # watchdog reads their deadlines, cancels reach them here (even before they start).
         self._attempts: dict[Any, Attempt] = {}
@@ -404,7 +320,7 @@ class Worker:
             except DatabaseError as exc:
                 if not is_transient(exc):
                     # Not a dropped connection or a busy database: retrying would spin forever.
-                    raise _crashed("claiming jobs", exc) from exc
+                    raise crashed("claiming jobs", exc) from exc
                 failures += 1
                 self._db_trouble("claim", exc, failures)
                 continue
@@ -647,9 +563,6 @@ class Worker:
             return list(self._held)
 
     def _sync_schedules(self) -> None:
-        from ..queues import sync_queues
-        from ..schedules import declared_schedules, sync_schedules
-
         # Always, even with no QUEUES: a queue removed from it gets its declared limits back to none.
         changed = sync_queues(using=self.using, declared=self.settings.QUEUES)
         if changed:
@@ -684,7 +597,7 @@ class Worker:
             return not qs.exists()
         except DatabaseError as exc:
             if not is_transient(exc):
-                raise _crashed("checking for remaining jobs", exc) from exc
+                raise crashed("checking for remaining jobs", exc) from exc
             self._db_trouble("emptiness check", exc, 1)
             return False
 
@@ -700,16 +613,7 @@ class Worker:
         return True
 
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
-        logger.warning(
-            "Worker %s: %s failed (%s: %s); retrying.",
-            self.worker_id,
-            what,
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-        )
-        _close_connection(self.using)
-        delay = min(5.0, 0.05 * (2 ** min(failures, 8))) * random.uniform(0.5, 1.0)
-        self._stopping.wait(delay)
+        db_trouble(what, exc, failures, worker_id=self.worker_id, using=self.using, stopping=self._stopping)
 
     def _retry_db(self, fn: Callable[[], Any]) -> Any:
         failures = 0
@@ -718,7 +622,7 @@ class Worker:
                 return fn()
             except DatabaseError as exc:
                 if not is_transient(exc):
-                    raise _crashed("registering the worker", exc) from exc
+                    raise crashed("registering the worker", exc) from exc
                 failures += 1
                 if self._stopping.is_set() and failures > 3:
                     raise
@@ -1042,7 +946,7 @@ class Worker:
             except DatabaseError as exc:
                 if not is_transient(exc):
                     # Without lease renewals our jobs would be rescued under us: stop the worker.
-                    self._crash = _crashed("maintenance", exc)
+                    self._crash = crashed("maintenance", exc)
                     logger.error("Worker %s: %s", self.worker_id, self._crash)
                     self.stop()
                     break
@@ -1052,7 +956,7 @@ class Worker:
                 failures += 1
                 logger.exception("Worker %s: maintenance step failed; retrying.", self.worker_id)
                 self._stopping.wait(min(5.0, 0.05 * 2 ** min(failures, 6)))
-        _close_connection(self.using)
+        close_connection(self.using)
 
     def _poll_cancels(self) -> None:
         with self._attempts_lock:
@@ -1137,7 +1041,7 @@ class Worker:
             loop.call_soon_threadsafe(loop.stop)
         self.stats.stopped_at = time.monotonic()
         self.stats.outcome_window = self._completer.window.summary()
-        _close_connection(self.using)
+        close_connection(self.using)
         logger.info("Worker %s stopped: %s", self.worker_id, self.stats.summary())
 
     def _release_all(self) -> int:
@@ -1156,7 +1060,7 @@ class Worker:
                         str(exc).strip(),
                     )
                     return 0
-                _close_connection(self.using)
+                close_connection(self.using)
                 time.sleep(0.05 * 2**attempt)
         return 0
 
@@ -1190,61 +1094,7 @@ class Worker:
         self.stop()
 
 
-def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        allowed = f"{low}..{high}" if high is not None else f">= {low}"
-        raise InvalidWorkerOption(f"{name} must be an integer {allowed}; got {value!r}.")
-
-
-def _require_seconds(name: str, value: Any, *, zero_ok: bool, high: float | None) -> None:
-    """A finite number of seconds from 0 (``zero_ok``) or above it, up to ``high``. NaN passes
-    every comparison with a bound (a NaN poll interval made an idle worker spin), infinity
-    overflows a thread wait, and an int too large for a float overflows the arithmetic."""
-    try:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    except OverflowError:
-        ok = False
-    if ok and (value < 0 or (value == 0 and not zero_ok) or (high is not None and value > high)):
-        ok = False
-    if not ok:
-        allowed = (">= 0" if zero_ok else "> 0") + (f" and <= {high:g}" if high is not None else " and finite")
-        raise InvalidWorkerOption(f"{name} must be a number of seconds {allowed}; got {value!r}.")
-
-
-def _require_worker_id(value: Any) -> None:
-    """A worker id is stored in a varchar(200) and read in logs and the admin: 1-200 printable
-    characters (no newline, tab or other control character), no whitespace at either end.
-    ``None``, not an empty string, asks for a generated id."""
-    if not isinstance(value, str):
-        problem = f"must be a string, or None for a generated id; got {value!r}"
-    elif not value.strip():
-        problem = f"must not be empty or blank; leave it out (None) for a generated id; got {value!r}"
-    elif len(value) > MAX_WORKER_ID_LENGTH:
-        problem = f"must be at most {MAX_WORKER_ID_LENGTH} characters; got {len(value)}"
-    elif value != value.strip():
-        problem = f"must not start or end with whitespace; got {value!r}"
-    elif not value.isprintable():
-        problem = f"must be printable characters only, no control characters (newline, tab...); got {value!r}"
-    else:
-        return
-    raise InvalidWorkerOption(f"worker_id {problem}.")
-
-
-def _crashed(what: str, exc: BaseException) -> WorkerCrashed:
-    return WorkerCrashed(
-        f"{what[:1].upper()}{what[1:]} failed with {type(exc).__name__}: {str(exc).strip()}. Retrying cannot fix this; is the "
-        "database migrated (`manage.py migrate`) and reachable with these settings?"
-    )
-
-
 def _send_robust(signal: Any, sender: type, **kwargs: Any) -> None:
     for receiver, response in signal.send_robust(sender=sender, **kwargs):
         if isinstance(response, Exception):
             logger.error("Signal receiver %r raised", receiver, exc_info=response)
-
-
-def _close_connection(using: str) -> None:
-    try:
-        connections[using].close()
-    except Exception:  # noqa: BLE001 - a dead connection may fail to close; it is dropped anyway
-        logger.debug("closing a broken connection failed", exc_info=True)
