@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import threading
 import time
-import uuid
-from collections import Counter, deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -40,14 +37,14 @@ from .. import engine
 from ..conf import get_settings
 from ..db import is_transient
 from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobTimeout, WorkerCrashed
-from ..models import Job
 from ..queues import sync_queues
 from ..schedules import declared_schedules, sync_schedules
 from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Attempt, Executor, error_record, event_loop_thread, job_timeout, outcome_for
+from .executor import Attempt, Executor, error_record, event_loop_thread, outcome_for
+from .holdings import Attempts, Leases
 from .isolation import ChildProcess
 from .listener import CHANNEL_RE, Listener
 from .options import (
@@ -59,6 +56,7 @@ from .options import (
     default_worker_id,
     require_seconds,
 )
+from .producer import Producer
 from .stats import WorkerStats
 from .stop_signals import StopRequests, install_stop_handler, signal_relay
 from .trouble import close_connection, crashed, db_trouble
@@ -68,35 +66,6 @@ __all__ = ["DEFAULT_PREFETCH", "MAX_WAIT_SECONDS", "InvalidWorkerOption", "Worke
 
 logger = logging.getLogger("django_jobs.worker")
 job_logger = logging.getLogger("django_jobs.worker.jobs")
-
-#: While the queue has a backlog, the producer waits up to this long for running jobs to finish
-#: before it claims, so one claim (a round trip and a commit, about a millisecond) fills several
-#: slots instead of one each; short jobs finish within it, long ones barely notice it.
-CLAIM_LINGER = 0.002
-#: A claim's jobs are handed to one idle executor thread, which runs them one after another:
-#: waking a thread per job cost as much CPU as running a short job. Jobs still waiting for an
-#: executor this long after the last one was taken (the thread is stuck in a longer job) are
-#: spread over the idle threads, so a long job delays the jobs claimed with it by this much at
-#: most, and ``concurrency`` long jobs still run at once.
-SPREAD_AFTER = 0.002
-#: A worker holds up to ``concurrency * prefetch`` claimed jobs (running and waiting for a
-#: thread) while its jobs run shorter than this on average, so one claim feeds several rounds of
-#: short jobs (a claim costs a round trip and a commit); with longer jobs it claims only for free
-#: threads. See Worker(prefetch=...).
-SHORT_JOB = 0.005
-#: Claimed jobs that waited this long for a thread while every thread was busy (the jobs turned
-#: out long) are handed back to the queue for other workers, and prefetching pauses until
-#: ``concurrency`` more jobs have ended.
-PREFETCH_HOLD = 0.1
-#: Jobs per statement when prefetched jobs are handed back (SQLite's limit on parameters).
-RELEASE_CHUNK = 400
-#: Most outcomes waiting for the completer before the producer stops claiming (see _produce). A
-#: healthy drain of no-op jobs with -c 8 and prefetch keeps up to about 250 finished jobs
-#: waiting for or in the completer's statement (docs/benchmarks.md), so it may touch this bound
-#: for a moment; after a reconnect it keeps the window from growing with each claim.
-OUTCOME_BACKLOG = 200
-#: Seconds between reads of which queues have a concurrency or rate limit (see _claim_gated).
-GATED_REFRESH = 1.0
 
 #: How often a worker asks the database for cancels of its running jobs when no NOTIFY tells it
 #: (SQLite, or PostgreSQL while the listener reconnects).
@@ -174,37 +143,6 @@ class Worker:
         # Set only after the grace period: leases must keep being renewed while jobs finish.
         self._maintenance_done = threading.Event()
         self._wake = threading.Event()
-        self._gated: list[str] = []
-        self._gated_checked_at = float("-inf")
-        self._claim_rounds = 0
-        # _slots (the producer waits on it) and _work (idle executor threads wait on it) share
-        # one lock, which also guards the counters and the ready list below.
-        lock = threading.RLock()
-        self._slots = threading.Condition(lock)
-        self._work = threading.Condition(lock)
-        self._inflight = 0  # claimed and not finished: waiting in _ready or running
-        # _finish wakes the producer once _inflight is down to this (what it waits for).
-        self._want = concurrency - 1
-        # Moving average of how long a job took on an executor thread (None: none ran yet): the
-        # producer prefetches while it is under SHORT_JOB.
-        self._run_avg: float | None = None
-        # Attempts taken out of _ready after PREFETCH_HOLD, for the producer to hand back; after
-        # that, no prefetching until this many more jobs have ended (threads came free).
-        self._stale: list[Attempt] = []
-        self._prefetch_paused = 0
-        self._claimed_total = 0
-        # Attempts claimed and not yet taken by an executor thread, oldest first; _ready_moved is
-        # when the list last gained its first attempt or lost one to a thread (see SPREAD_AFTER).
-        self._ready: deque[Attempt] = deque()
-        self._ready_moved = 0.0
-        self._idle = 0  # executor threads waiting on _work
-        self._executors_done = False  # shutdown: executor threads end once idle
-        # The leases this worker holds: claim token -> its jobs not yet written or released.
-        # Only these are renewed. Tokens of claims whose answer was lost (it may have committed)
-        # are in _lost_claims until their jobs are handed back.
-        self._held: Counter[uuid.UUID] = Counter()
-        self._held_lock = threading.Lock()
-        self._lost_claims: set[uuid.UUID] = set()
         self._event_loop = event_loop_thread("jobs-asyncio")
         self._executor = Executor(worker_id=self.worker_id, loop_getter=self._event_loop)
         try:
@@ -212,17 +150,39 @@ class Worker:
         except JobsConfigurationError as exc:
             raise InvalidWorkerOption(str(exc)) from None
         check_declarations(backend, self.settings)
-        # Attempts of the jobs this worker claimed, from the claim to the end of the attempt: the
-        # watchdog reads their deadlines, cancels reach them here (even before they start).
-        self._attempts: dict[Any, Attempt] = {}
-        self._attempts_lock = threading.Lock()
+        # What the worker holds from its claims: the leases the maintainer renews, and the
+        # attempts whose deadlines the watchdog reads and which cancels reach.
+        self._leases = Leases()
+        self._attempts = Attempts()
         # Children of --isolation process, so shutdown can stop those still running jobs.
         self._children: set[ChildProcess] = set()
         self._children_lock = threading.Lock()
         self._killing_children = threading.Event()
         self._listener: Listener | None = None
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
+        self._producer = Producer(
+            using=self.using,
+            backend=backend,
+            settings=self.settings,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            isolation=isolation,
+            stop_when_empty=stop_when_empty,
+            max_jobs=max_jobs,
+            max_time=max_time,
+            sleep=self.sleep,
+            stopping=self._stopping,
+            wake=self._wake,
+            completer=self._completer,
+            executor=self._executor,
+            attempts=self._attempts,
+            leases=self._leases,
+            stats=self.stats,
+        )
         self._threads: list[threading.Thread] = []
+        self._executor_threads: list[threading.Thread] = []
         self._crash: WorkerCrashed | None = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -231,8 +191,7 @@ class Worker:
         """Ask the worker to stop (thread-safe): stop claiming, finish or release running jobs."""
         self._stopping.set()
         self._wake.set()
-        with self._slots:
-            self._slots.notify_all()
+        self._producer.interrupt()
 
     @property
     def stopping(self) -> bool:
@@ -242,7 +201,7 @@ class Worker:
         """Run until stopped; return the statistics. Blocks the calling thread."""
         if self.handle_signals:
             self._install_signal_handlers()
-        self.stats = WorkerStats()
+        self.stats.started_at = time.monotonic()  # not a new WorkerStats: the collaborators count into this one
         self._retry_db(self._register)
         self._retry_db(self._sync_schedules)
         logger.info(
@@ -256,7 +215,7 @@ class Worker:
         )
         self._start_threads()
         try:
-            self._produce()
+            self._producer.run()
         finally:
             self._shutdown()
         if self._crash is not None:
@@ -264,303 +223,12 @@ class Worker:
         _send_robust(worker_stopped, type(self), worker_id=self.worker_id, stats=self.stats)
         return self.stats
 
-    # -- producer -------------------------------------------------------------------------------
+    @property
+    def _inflight(self) -> int:
+        """Jobs claimed and not finished (the producer's count; tests wait for it to be 0)."""
+        return self._producer.inflight
 
-    def _produce(self) -> None:
-        deadline = time.monotonic() + self.max_time if self.max_time else None
-        failures = 0
-        backlog = False  # the last claim filled every free slot: more jobs are probably ready
-        while not self._stopping.is_set():
-            if deadline and time.monotonic() >= deadline:
-                logger.info("Worker %s: --max-time reached.", self.worker_id)
-                break
-            with self._slots:
-                cap = self._cap()
-                while self._inflight >= cap and not self._stale and not self._stopping.is_set():
-                    self._wait_slots(1.0, cap - 1)
-                    cap = self._cap()
-                # After a claim that filled every slot, wait a little for running jobs to end
-                # (all of them; while prefetching, those beyond one per thread) and claim once.
-                linger_until = time.monotonic() + CLAIM_LINGER
-                low = self.concurrency if cap > self.concurrency else 0
-                while backlog and self._inflight > low and not self._stale and not self._stopping.is_set():
-                    remaining = linger_until - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._wait_slots(remaining, low)
-                free = max(0, cap - self._inflight)
-            if self._stopping.is_set():
-                break
-            # Finished jobs stay active until the completer writes their outcome: while it is
-            # behind (a reconnect, a slow database) claim nothing more, so that window holds at
-            # most OUTCOME_BACKLOG jobs (plus one claim's) rather than growing with each claim.
-            if not self._completer.wait_below(OUTCOME_BACKLOG, timeout=1.0):
-                continue
-            if self.max_jobs is not None:
-                left = self.max_jobs - self._claimed_total
-                if left <= 0 and not self._stale:
-                    if self._wait_idle_then_stop():
-                        break
-                    continue  # prefetched jobs went back to the queue: claim in their place
-                free = min(free, left)
-            # Clear before claiming: a NOTIFY that lands during the claim keeps us awake.
-            self._wake.clear()
-            wake_in: float | None = None
-            try:
-                if self._stale:
-                    self._hand_back_stale()
-                    failures = 0
-                    continue
-                if self._lost_claims:
-                    self._release_lost_claims()  # first: their jobs may be the next to run
-                if not free:
-                    continue  # the cap fell since the wait above (the jobs got longer)
-                jobs, gated, wake_in = self._claim(free)
-                failures = 0
-            except DatabaseError as exc:
-                if not is_transient(exc):
-                    # Not a dropped connection or a busy database: retrying would spin forever.
-                    raise crashed("claiming jobs", exc) from exc
-                failures += 1
-                self._db_trouble("claim", exc, failures)
-                continue
-            if jobs or gated:
-                claimed = gated + jobs
-                with self._held_lock:
-                    self._held.update(job.lease_token for job in claimed)
-                in_child = self.isolation == "process"
-                attempts = [Attempt(job, timeout=job_timeout(job), watched=True, in_child=in_child) for job in claimed]
-                with self._attempts_lock:
-                    for attempt in attempts:
-                        self._attempts[attempt.job.id] = attempt
-                with self._slots:
-                    self._claimed_total += len(claimed)
-                    self._inflight += len(claimed)
-                    if not self._ready:
-                        self._ready_moved = time.monotonic()
-                    # A limited queue's jobs go first, so they hold its limit only until a
-                    # thread is free (see _claim).
-                    self._ready.extendleft(reversed(attempts[: len(gated)]))
-                    self._ready.extend(attempts[len(gated) :])
-                    # One thread for the whole claim; the others only if its jobs turn out long.
-                    self._work.notify()
-                jobs = claimed
-                backlog = len(jobs) == free
-                if backlog:
-                    continue
-            backlog = False
-            if self.stop_when_empty and self._nothing_left():
-                logger.info("Worker %s: queues are empty, stopping.", self.worker_id)
-                break
-            if not jobs and not self._stale:
-                timeout = self.sleep * random.uniform(0.75, 1.25)
-                if wake_in is not None:  # a rate limit frees a start then
-                    timeout = min(timeout, max(wake_in, 0.001))
-                with self._slots:
-                    timeout = self._until_spread(timeout)
-                self._wake.wait(timeout=timeout)
-                with self._slots:
-                    self._spread()
-
-    def _cap(self) -> int:
-        """How many claimed jobs the worker may hold now (see SHORT_JOB)."""
-        avg = self._run_avg
-        if avg is not None and avg < SHORT_JOB and not self._prefetch_paused:
-            return self.concurrency * self.prefetch
-        return self.concurrency
-
-    def _until_spread(self, timeout: float) -> float:
-        """``timeout``, cut short to when the attempts waiting in _ready are due to be spread
-        over idle executor threads (see SPREAD_AFTER), or handed back when no thread is idle
-        (see PREFETCH_HOLD). Called with _slots held."""
-        if not self._ready:
-            return timeout
-        wait = SPREAD_AFTER if self._idle else PREFETCH_HOLD
-        return min(timeout, max(0.0, self._ready_moved + wait - time.monotonic()))
-
-    def _spread(self) -> None:
-        """Wake idle executor threads for the attempts that waited SPREAD_AFTER in _ready: the
-        thread running their claim is stuck in a longer job. With no thread idle, attempts that
-        waited PREFETCH_HOLD go to _stale, for the producer to hand back. Called with _slots held."""
-        if not self._ready:
-            return
-        now = time.monotonic()
-        if self._idle:
-            if now - self._ready_moved >= SPREAD_AFTER:
-                self._work.notify(min(len(self._ready), self._idle))
-                # Counted as a move: the woken threads count as idle until they run, and the
-                # producer must not spin on waits cut to nothing meanwhile.
-                self._ready_moved = now
-        elif now - self._ready_moved >= PREFETCH_HOLD:
-            self._stale += self._ready
-            self._inflight -= len(self._ready)
-            self._claimed_total -= len(self._ready)
-            self._ready.clear()
-            self._prefetch_paused = self.concurrency  # until that many jobs have ended
-            self._slots.notify()
-            self._wake.set()
-
-    def _wait_slots(self, timeout: float, want: int) -> None:
-        """Wait up to ``timeout`` for running jobs to end until ``want`` are left (with _slots
-        held), spreading the attempts left waiting for an executor meanwhile: every wait of the
-        producer is a wait of this."""
-        self._want = want
-        self._slots.wait(self._until_spread(timeout))
-        self._spread()
-
-    def _hand_back_stale(self) -> None:
-        """Release the claimed jobs that waited too long for a thread (producer thread), each
-        only under the lease it was claimed with; one cancelled meanwhile ends as cancelled
-        through the completer, as it would have on a thread. Raises DatabaseError (the jobs
-        stay in _stale, to be tried again)."""
-        with self._slots:
-            stale = list(self._stale)
-        cancelled = [a for a in stale if a.cancelled.is_set()]
-        waiting = [a for a in stale if not a.cancelled.is_set()]
-        released = 0
-        for i in range(0, len(waiting), RELEASE_CHUNK):
-            part = waiting[i : i + RELEASE_CHUNK]
-            released += engine.release_jobs(
-                using=self.using,
-                worker_id=self.worker_id,
-                job_ids=[a.job.id for a in part],
-                lease_tokens={a.job.lease_token for a in part},
-            )
-        with self._slots:
-            done = {id(a) for a in stale}
-            self._stale = [a for a in self._stale if id(a) not in done]
-        with self._attempts_lock:
-            for a in stale:
-                if self._attempts.get(a.job.id) is a:
-                    del self._attempts[a.job.id]
-        with self._held_lock:
-            self._held.subtract(a.job.lease_token for a in waiting)
-            for token in {a.job.lease_token for a in waiting}:
-                if self._held[token] <= 0:
-                    del self._held[token]
-        with self._slots:
-            self.stats.released += released
-        for a in cancelled:
-            a.start()
-            outcome = self._executor.give_up(a, JobCancelled(f"Job {a.job.id} was cancelled before it started."))
-            if outcome is not None:
-                self._completer.submit(outcome)  # its slot was freed when it went stale
-        logger.info(
-            "Worker %s: handed %d claimed job(s) back; they waited %gs for a thread behind longer jobs.",
-            self.worker_id,
-            released,
-            PREFETCH_HOLD,
-        )
-
-    def _claim(self, free: int) -> tuple[list[Any], list[Any], float | None]:
-        """Claim up to ``free`` jobs: from the queues without limits (one statement) and from the
-        limited ones (each under its lock, at most ``concurrency`` per round), the limited ones
-        first every other round so a busy unlimited queue cannot starve them. Returns both
-        lists: the caller queues the limited ones' jobs ahead of the others. Jobs already
-        claimed are kept when the second step meets a transient database error (it is retried
-        next round)."""
-
-        def fast(n: int) -> tuple[list[Any], float | None]:
-            token = self._new_claim_token()
-            jobs = engine.claim_jobs(
-                using=self.using,
-                queues=self.queues,
-                limit=n,
-                worker_id=self.worker_id,
-                lease_seconds=self.settings.LEASE_SECONDS,
-                backend=self.backend,
-                lease_token=token,
-            )
-            self._lost_claims.discard(token)
-            return jobs, None
-
-        steps = [self._claim_gated, fast] if self._claim_rounds % 2 else [fast, self._claim_gated]
-        self._claim_rounds += 1
-        jobs: list[Any] = []
-        gated: list[Any] = []
-        wake: float | None = None
-        for step in steps:
-            n = free - len(jobs) - len(gated) if step is fast else min(self.concurrency, free - len(jobs))
-            if n <= 0:
-                continue
-            try:
-                got, wake_in = step(n)
-            except DatabaseError as exc:
-                self._keep_claimed(jobs + gated, exc)
-                break
-            (jobs if step is fast else gated).extend(got)
-            if wake_in is not None:
-                wake = wake_in
-        return jobs, gated, wake
-
-    def _keep_claimed(self, jobs: list[Any], exc: DatabaseError) -> None:
-        """A claim failed after earlier claims of this round took ``jobs``: keep those (the
-        failed claim is retried next round) when the error is transient; raise otherwise."""
-        if not jobs or not is_transient(exc):
-            raise exc
-        logger.warning("Worker %s: a claim failed (%s); keeping the %d job(s) claimed.",
-                       self.worker_id, exc, len(jobs))  # fmt: skip
-
-    def _claim_gated(self, free: int) -> tuple[list[Any], float | None]:
-        """Claim from this worker's queues that have a concurrency or rate limit (each under its
-        lock, in a random order so no queue starves); the jobs and the soonest rate-limit wake."""
-        now = time.monotonic()
-        if now >= self._gated_checked_at + GATED_REFRESH:
-            # A newly limited queue is skipped by claim_jobs at once (exactness lives in SQL);
-            # this list only says which queues to claim through their lock, so it may be stale.
-            self._gated = engine.gated_queues(using=self.using, queues=self.queues)
-            self._gated_checked_at = now
-        jobs: list[Any] = []
-        wake: float | None = None
-        for name in random.sample(self._gated, len(self._gated)):
-            if free <= 0:
-                break
-            token = self._new_claim_token()
-            try:
-                claimed, wake_in = engine.claim_gated_jobs(
-                    using=self.using,
-                    queue=name,
-                    limit=free,
-                    worker_id=self.worker_id,
-                    lease_seconds=self.settings.LEASE_SECONDS,
-                    backend=self.backend,
-                    lease_token=token,
-                )
-            except DatabaseError as exc:
-                self._keep_claimed(jobs, exc)  # what the other queues' claims took is ours to run
-                break
-            self._lost_claims.discard(token)
-            jobs += claimed
-            free -= len(claimed)
-            if wake_in is not None:
-                wake = wake_in if wake is None else min(wake, wake_in)
-        return jobs, wake
-
-    def _new_claim_token(self) -> uuid.UUID:
-        """A lease token for the next claim, counted as lost until the claim's answer arrives: a
-        claim can commit and then lose its answer with the connection, and its rows must then be
-        handed back (see _release_lost_claims), not left active under a worker that never runs
-        them."""
-        token = uuid.uuid4()
-        self._lost_claims.add(token)
-        return token
-
-    def _release_lost_claims(self) -> None:
-        """Hand back the jobs of claims whose answer was lost (producer thread). Repeating it is
-        harmless, so a release whose own answer is lost is simply tried again."""
-        tokens = set(self._lost_claims)
-        released = engine.release_jobs(using=self.using, worker_id=self.worker_id, lease_tokens=tokens)
-        self._lost_claims -= tokens
-        if released:
-            logger.warning(
-                "Worker %s: a claim committed but its answer was lost; handed its %d job(s) back to waiting.",
-                self.worker_id,
-                released,
-            )
-
-    def _held_tokens(self) -> list[uuid.UUID]:
-        with self._held_lock:
-            return list(self._held)
+    # -- registration ------------------------------------------------------------------------------
 
     def _sync_schedules(self) -> None:
         # Always, even with no QUEUES: a queue removed from it gets its declared limits back to none.
@@ -582,36 +250,6 @@ class Worker:
             pid=os.getpid(),
         )
 
-    def _nothing_left(self) -> bool:
-        with self._slots:
-            if self._inflight:
-                return False
-        if self._completer.pending():
-            return False
-        try:
-            qs = Job.objects.using(self.using).filter(
-                backend=self.backend, state__in=[JobState.WAITING, JobState.DELAYED, JobState.ACTIVE]
-            )
-            if self.queues:
-                qs = qs.filter(queue__in=self.queues)
-            return not qs.exists()
-        except DatabaseError as exc:
-            if not is_transient(exc):
-                raise crashed("checking for remaining jobs", exc) from exc
-            self._db_trouble("emptiness check", exc, 1)
-            return False
-
-    def _wait_idle_then_stop(self) -> bool:
-        """--max-jobs: wait for the claimed jobs to end; False when some went back to the queue
-        instead (see PREFETCH_HOLD), so others are to be claimed in their place."""
-        with self._slots:
-            while self._inflight and not self._stale and not self._stopping.is_set():
-                self._wait_slots(0.5, 0)
-            if self._stale:
-                return False
-        logger.info("Worker %s: --max-jobs reached.", self.worker_id)
-        return True
-
     def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
         db_trouble(what, exc, failures, worker_id=self.worker_id, using=self.using, stopping=self._stopping)
 
@@ -630,27 +268,12 @@ class Worker:
 
     # -- executors --------------------------------------------------------------------------------
 
-    def _next_attempt(self) -> Attempt | None:
-        """The next claimed attempt for this executor thread, waiting while there is none; None
-        once the worker shuts down."""
-        with self._slots:
-            while not self._ready:
-                if self._executors_done:
-                    return None
-                self._idle += 1
-                try:
-                    self._work.wait()
-                finally:
-                    self._idle -= 1
-            self._ready_moved = time.monotonic()
-            return self._ready.popleft()
-
     def _execute_loop(self) -> None:
         verbose = job_logger.isEnabledFor(logging.INFO)
         child: ChildProcess | None = None
         try:
             while True:
-                attempt = self._next_attempt()
+                attempt = self._producer.next_attempt()
                 if attempt is None:
                     return
                 job = attempt.job
@@ -669,15 +292,12 @@ class Worker:
                         outcome = outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
                 finally:
                     took = time.perf_counter() - t0
-                    avg = self._run_avg
-                    self._run_avg = took if avg is None else avg + (took - avg) * 0.2
+                    self._producer.ran(took)
                     # Connection housekeeping after each job, as Django does at a request's end:
                     # the next job must not inherit a connection this one left in a transaction,
                     # broken, or past CONN_MAX_AGE (about a microsecond when there is none).
                     close_old_connections()
-                    with self._attempts_lock:
-                        if self._attempts.get(job.id) is attempt:
-                            del self._attempts[job.id]
+                    self._attempts.discard(attempt)
                 if outcome is None:
                     if attempt.in_child:
                         continue  # shutting down: the job is released, its child killed
@@ -694,22 +314,10 @@ class Worker:
                         job.max_attempts,
                         took * 1000,
                     )
-                self._finish(outcome)
+                self._producer.finish(outcome)
         finally:
             if child is not None:
                 child.close()
-
-    def _finish(self, outcome: engine.Outcome) -> None:
-        """Hand an attempt's outcome to the completer and free its slot."""
-        self._completer.submit(outcome)
-        with self._slots:
-            self._inflight -= 1
-            if self._prefetch_paused:
-                self._prefetch_paused -= 1
-            # Only the producer waits on _slots, for _inflight to come down to _want: waking it
-            # for each job would cost a thread switch per job.
-            if self._inflight <= self._want:
-                self._slots.notify()
 
     def _run_in_child(
         self, attempt: Attempt, child: ChildProcess | None
@@ -726,7 +334,7 @@ class Worker:
                 self._forget_child(child)
                 child.kill()
             try:
-                child = ChildProcess(worker_id=self.worker_id, index=self._claimed_total)
+                child = ChildProcess(worker_id=self.worker_id, index=self._producer.claimed_total)
             except (RuntimeError, OSError) as exc:
                 logger.error("Worker %s: %s", self.worker_id, exc)
                 return self._executor.give_up(
@@ -791,16 +399,10 @@ class Worker:
         kills the child.)"""
         while not self._maintenance_done.wait(0.05):
             now = time.monotonic()
-            with self._slots:
-                # Also here, not only at the producer's waits: the producer may be held in a
-                # slow claim or a database outage while claimed jobs wait behind a long one.
-                self._spread()
-            with self._attempts_lock:
-                due = [
-                    a
-                    for a in self._attempts.values()
-                    if a.deadline is not None and now >= a.deadline and not a.in_child and a.future is None
-                ]
+            # Also here, not only at the producer's waits: the producer may be held in a slow
+            # claim or a database outage while claimed jobs wait behind a long one.
+            self._producer.spread()
+            due = self._attempts.due(now)
             for attempt in due:
                 try:
                     self._time_out(attempt)
@@ -819,11 +421,8 @@ class Worker:
         outcome = self._executor.give_up(attempt, error)
         if outcome is None:
             return  # it finished at the same moment: its own outcome stands
-        with self._attempts_lock:
-            if self._attempts.get(job.id) is attempt:
-                del self._attempts[job.id]
-        with self._slots:
-            self.stats.timed_out += 1
+        self._attempts.discard(attempt)
+        self.stats.timed_out += 1
         logger.warning(
             "Job %s ran past its timeout of %gs: recorded as %s. Its thread cannot be stopped and "
             "runs on; a new thread takes its slot (use --isolation process to kill such jobs).",
@@ -831,14 +430,13 @@ class Worker:
             attempt.timeout,
             outcome.state,
         )
-        self._finish(outcome)  # first: the outcome must be recorded whatever happens next
+        self._producer.finish(outcome)  # first: the outcome must be recorded whatever happens next
         self._spawn_executor()
 
     def _on_cancel(self, job_id: Any) -> None:
         """A running job of ours was cancelled: tell its attempt (threads see is_cancelled(),
         coroutines are cancelled, child processes killed)."""
-        with self._attempts_lock:
-            attempt = self._attempts.get(job_id)  # None: another worker's job, or already ended
+        attempt = self._attempts.get(job_id)  # None: another worker's job, or already ended
         if attempt is not None and not attempt.cancelled.is_set():
             logger.info("Job %s was cancelled while running.", job_id)
             attempt.cancel()
@@ -846,11 +444,7 @@ class Worker:
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
         """Count what was stored and send the job signals, ``task_finished`` first (completer
         thread, after the commit)."""
-        with self._held_lock:
-            self._held.subtract(o.lease_token for o in outcomes)
-            for token in {o.lease_token for o in outcomes}:
-                if self._held[token] <= 0:
-                    del self._held[token]
+        self._leases.drop([o.lease_token for o in outcomes])
         for o in outcomes:
             state = written.get(o.job_id)
             if state is None:
@@ -925,7 +519,7 @@ class Worker:
                     next_cancel_poll = now + (renew_every if listening else CANCEL_POLL_INTERVAL)
                 if now >= next_renew:
                     engine.renew_leases(
-                        using=self.using, lease_tokens=self._held_tokens(), lease_seconds=s.LEASE_SECONDS
+                        using=self.using, lease_tokens=self._leases.tokens(), lease_seconds=s.LEASE_SECONDS
                     )
                     if not engine.heartbeat_worker(using=self.using, worker_id=self.worker_id):
                         self._register()  # the reaper took us for dead; come back
@@ -959,9 +553,7 @@ class Worker:
         close_connection(self.using)
 
     def _poll_cancels(self) -> None:
-        with self._attempts_lock:
-            running = bool(self._attempts)
-        if running:
+        if self._attempts:
             for job_id in engine.cancel_requested_ids(using=self.using, worker_id=self.worker_id):
                 self._on_cancel(job_id)
 
@@ -973,7 +565,6 @@ class Worker:
             t.start()
             self._threads.append(t)
 
-        self._executor_threads = []
         for _ in range(self.concurrency):
             self._spawn_executor()
         self._completer.start()
@@ -999,13 +590,8 @@ class Worker:
     def _shutdown(self) -> None:
         self.stop()
         deadline = time.monotonic() + self.grace
-        with self._slots:
-            # Jobs claimed but not started are not run: the release below hands them back.
-            self._inflight -= len(self._ready)
-            self._ready.clear()
-            while self._inflight and time.monotonic() < deadline:
-                self._wait_slots(min(0.2, max(0.0, deadline - time.monotonic())), 0)
-            still_running = self._inflight
+        # Jobs claimed but not started are not run: the release below hands them back.
+        still_running = self._producer.drain(deadline)
         if still_running:
             logger.warning(
                 "Worker %s: %d job(s) still running after the %.0fs grace period; releasing them.",
@@ -1022,10 +608,7 @@ class Worker:
             for child in children:
                 child.kill()
         # Jobs claimed but not started yet are not run: the release below hands them back.
-        with self._slots:
-            self._ready.clear()
-            self._executors_done = True  # threads given up by the watchdog end on their own
-            self._work.notify_all()
+        self._producer.end_executors()
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
         self._completer.close(timeout=max(5.0, deadline - time.monotonic()))
         self.stats.released += self._release_all()
