@@ -3,21 +3,26 @@
 Threads of one worker process:
 
 * the **producer** (the thread calling :meth:`Worker.run`) claims as many jobs as there are
-  free slots and hands them to the executor threads, a claim at a time (see SPREAD_AFTER); when
-  nothing is ready it sleeps until a NOTIFY, a freed slot, or the jittered poll interval;
+  free slots and hands them to the executor threads, a claim at a time (see
+  :mod:`.producer`); when nothing is ready it sleeps until a NOTIFY, a freed slot, or the
+  jittered poll interval;
 * ``concurrency`` **executor** threads each run one job at a time (async tasks run on a shared
   event loop thread while the executor thread holds their slot);
-* the **completer** writes outcomes in batches, guarded on each job's lease;
+* the **completer** writes outcomes in batches, guarded on each job's lease (:mod:`.completer`);
 * the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
-  the services (promoter, rescuer, reaper, dedup sweeper, partition sweeper, scheduler);
+  the services (promoter, rescuer, reaper, dedup sweeper, partition sweeper, scheduler, pruner;
+  :mod:`.maintainer`);
 * the **watchdog** gives up attempts that run past their timeout: it records them as failed,
   frees their slot and starts a new executor thread (a Python thread cannot be killed; the old
-  one runs on and its late outcome is discarded);
+  one runs on and its late outcome is discarded; :mod:`.watchdog`);
 * on PostgreSQL, the **listener** holds a dedicated connection that LISTENs for new jobs and
-  for cancels of running ones.
+  for cancels of running ones (:mod:`.listener`).
 
 With ``isolation="process"`` each executor thread runs its jobs in a child process instead
 (:mod:`django_jobs.worker.isolation`), which is killed at the job's deadline or cancel.
+
+This module keeps the :class:`Worker` facade: its options, the threads, signals, shutdown and
+the statistics; the collaborators above each hold their own state.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -36,17 +40,15 @@ from django.db import DatabaseError, close_old_connections, connections
 from .. import engine
 from ..conf import get_settings
 from ..db import is_transient
-from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobTimeout, WorkerCrashed
-from ..queues import sync_queues
-from ..schedules import declared_schedules, sync_schedules
-from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler
+from ..exceptions import JobsConfigurationError, WorkerCrashed
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Attempt, Executor, error_record, event_loop_thread, outcome_for
+from .executor import Executor, error_record, event_loop_thread, outcome_for
 from .holdings import Attempts, Leases
-from .isolation import ChildProcess
+from .isolation import ChildProcess, Children
 from .listener import CHANNEL_RE, Listener
+from .maintainer import Maintainer
 from .options import (
     DEFAULT_PREFETCH,
     MAX_WAIT_SECONDS,
@@ -60,16 +62,13 @@ from .producer import Producer
 from .stats import WorkerStats
 from .stop_signals import StopRequests, install_stop_handler, signal_relay
 from .trouble import close_connection, crashed, db_trouble
+from .watchdog import Watchdog
 
 # What runworker, the tests and users import from here; the options and the stats have modules of their own.
 __all__ = ["DEFAULT_PREFETCH", "MAX_WAIT_SECONDS", "InvalidWorkerOption", "Worker", "WorkerStats"]
 
 logger = logging.getLogger("django_jobs.worker")
 job_logger = logging.getLogger("django_jobs.worker.jobs")
-
-#: How often a worker asks the database for cancels of its running jobs when no NOTIFY tells it
-#: (SQLite, or PostgreSQL while the listener reconnects).
-CANCEL_POLL_INTERVAL = 0.5
 
 
 class Worker:
@@ -155,9 +154,7 @@ class Worker:
         self._leases = Leases()
         self._attempts = Attempts()
         # Children of --isolation process, so shutdown can stop those still running jobs.
-        self._children: set[ChildProcess] = set()
-        self._children_lock = threading.Lock()
-        self._killing_children = threading.Event()
+        self._children = Children(worker_id=self.worker_id, executor=self._executor, stats=self.stats)
         self._listener: Listener | None = None
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._producer = Producer(
@@ -181,6 +178,32 @@ class Worker:
             leases=self._leases,
             stats=self.stats,
         )
+        self._watchdog = Watchdog(
+            using=self.using,
+            worker_id=self.worker_id,
+            attempts=self._attempts,
+            producer=self._producer,
+            executor=self._executor,
+            stats=self.stats,
+            spawn_executor=self._spawn_executor,
+            done=self._maintenance_done,
+            on_crash=self._crashed_with,
+        )
+        self._maintainer = Maintainer(
+            using=self.using,
+            backend=backend,
+            settings=self.settings,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            concurrency=concurrency,
+            leases=self._leases,
+            stopping=self._stopping,
+            wake=self._wake,
+            done=self._maintenance_done,
+            poll_cancels=self._watchdog.poll_cancels,
+            listening=self._listening,
+            on_crash=self._crashed_with,
+        )
         self._threads: list[threading.Thread] = []
         self._executor_threads: list[threading.Thread] = []
         self._crash: WorkerCrashed | None = None
@@ -202,8 +225,8 @@ class Worker:
         if self.handle_signals:
             self._install_signal_handlers()
         self.stats.started_at = time.monotonic()  # not a new WorkerStats: the collaborators count into this one
-        self._retry_db(self._register)
-        self._retry_db(self._sync_schedules)
+        self._retry_db(self._maintainer.register)
+        self._retry_db(self._maintainer.sync_schedules)
         logger.info(
             "Worker %s started: queues=%s concurrency=%d",
             self.worker_id,
@@ -228,30 +251,14 @@ class Worker:
         """Jobs claimed and not finished (the producer's count; tests wait for it to be 0)."""
         return self._producer.inflight
 
-    # -- registration ------------------------------------------------------------------------------
+    def _crashed_with(self, crash: WorkerCrashed) -> None:
+        """A thread met an error that must stop the worker: stop, and make run() raise ``crash``."""
+        self._crash = crash
+        self.stop()
 
-    def _sync_schedules(self) -> None:
-        # Always, even with no QUEUES: a queue removed from it gets its declared limits back to none.
-        changed = sync_queues(using=self.using, declared=self.settings.QUEUES)
-        if changed:
-            logger.info("Worker %s applied DJANGO_JOBS['QUEUES'] to %d queue(s).", self.worker_id, changed)
-        if declared_schedules(self.backend):
-            counts = sync_schedules(self.backend)
-            if any(counts.values()):
-                logger.info("Worker %s synced schedules: %s", self.worker_id, counts)
-
-    def _register(self) -> None:
-        engine.register_worker(
-            using=self.using,
-            worker_id=self.worker_id,
-            backend=self.backend,
-            queues=self.queues,
-            concurrency=self.concurrency,
-            pid=os.getpid(),
-        )
-
-    def _db_trouble(self, what: str, exc: Exception, failures: int) -> None:
-        db_trouble(what, exc, failures, worker_id=self.worker_id, using=self.using, stopping=self._stopping)
+    def _listening(self) -> bool:
+        """Whether the listener holds a live LISTEN (so NOTIFY brings cancels)."""
+        return self._listener is not None and self._listener.connected.is_set()
 
     def _retry_db(self, fn: Callable[[], Any]) -> Any:
         failures = 0
@@ -264,7 +271,9 @@ class Worker:
                 failures += 1
                 if self._stopping.is_set() and failures > 3:
                     raise
-                self._db_trouble("database call", exc, failures)
+                db_trouble(
+                    "database call", exc, failures, worker_id=self.worker_id, using=self.using, stopping=self._stopping
+                )
 
     # -- executors --------------------------------------------------------------------------------
 
@@ -281,7 +290,7 @@ class Worker:
                 outcome: engine.Outcome | None = None
                 try:
                     if attempt.in_child:
-                        outcome, child = self._run_in_child(attempt, child)
+                        outcome, child = self._children.run(attempt, child, self._producer.claimed_total)
                     else:
                         outcome = self._executor.execute(job, attempt)
                 except BaseException as exc:  # noqa: BLE001 - not the task's error (those are outcomes): ours
@@ -318,128 +327,6 @@ class Worker:
         finally:
             if child is not None:
                 child.close()
-
-    def _run_in_child(
-        self, attempt: Attempt, child: ChildProcess | None
-    ) -> tuple[engine.Outcome | None, ChildProcess | None]:
-        """Run ``attempt`` in this slot's child process (started or replaced as needed); kill
-        the child at the deadline or on cancel. Returns the outcome and the child to reuse."""
-        job = attempt.job
-        if attempt.cancelled.is_set():  # cancelled after the claim: do not start it
-            return self._executor.give_up(
-                attempt, JobCancelled(f"Job {job.id} was cancelled before it started.")
-            ), child
-        if child is None or not child.alive:
-            if child is not None:
-                self._forget_child(child)
-                child.kill()
-            try:
-                child = ChildProcess(worker_id=self.worker_id, index=self._producer.claimed_total)
-            except (RuntimeError, OSError) as exc:
-                logger.error("Worker %s: %s", self.worker_id, exc)
-                return self._executor.give_up(
-                    attempt, ChildProcessDied(f"A job child process failed to start: {exc}")
-                ), None
-            with self._children_lock:
-                self._children.add(child)
-        attempt.start()  # after the child's start-up, which does not count against the job's time
-        try:
-            child.conn.send(job)
-        except (OSError, ValueError) as exc:
-            child.kill()
-            return self._executor.give_up(
-                attempt, ChildProcessDied(f"Could not hand the job to its child: {exc}")
-            ), None
-        while True:
-            if self._killing_children.is_set():
-                # Shutting down after the grace period: the child is killed and the job released.
-                return None, None
-            try:
-                if child.conn.poll(0.05):
-                    outcome = child.conn.recv()
-                    if outcome is not None:
-                        outcome.job = job  # not pickled: task_finished is sent from here
-                    return (outcome if attempt.settle() else None), child
-            except (EOFError, OSError, ValueError):  # the child died, or shutdown closed the pipe
-                if self._killing_children.is_set():
-                    return None, None
-                break
-            if attempt.cancelled.is_set():
-                child.kill()
-                logger.info("Job %s was cancelled; killed its child process.", job.id)
-                return self._executor.give_up(attempt, JobCancelled(f"Job {job.id} was cancelled while it ran; its "
-                                                                    "child process was killed.")), None  # fmt: skip
-            if attempt.deadline is not None and time.monotonic() >= attempt.deadline:
-                child.kill()
-                self.stats.timed_out += 1
-                logger.warning("Job %s ran past its timeout of %gs; killed its child process.", job.id, attempt.timeout)
-                return self._executor.give_up(attempt, JobTimeout(
-                    f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s; its child process was "
-                    "killed.")), None  # fmt: skip
-            if not child.alive:
-                if child.conn.poll(0):
-                    continue  # it answered, then exited: read the answer
-                break
-        self._forget_child(child)
-        child.process.join(2)  # the pipe closes a moment before the process can be reaped
-        code = child.process.exitcode
-        child.kill()
-        logger.error("The child process running job %s died (exit code %s).", job.id, code)
-        return self._executor.give_up(attempt, ChildProcessDied(
-            f"The child process running {job.task_path} died (exit code {code}) before it answered; "
-            "the code it ran crashed the interpreter or was killed.")), None  # fmt: skip
-
-    def _forget_child(self, child: ChildProcess) -> None:
-        with self._children_lock:
-            self._children.discard(child)
-
-    def _watch(self) -> None:
-        """The watchdog: give up attempts of sync tasks run by threads that are past their
-        deadline. (An async task's thread enforces its own deadline; a child process's thread
-        kills the child.)"""
-        while not self._maintenance_done.wait(0.05):
-            now = time.monotonic()
-            # Also here, not only at the producer's waits: the producer may be held in a slow
-            # claim or a database outage while claimed jobs wait behind a long one.
-            self._producer.spread()
-            due = self._attempts.due(now)
-            for attempt in due:
-                try:
-                    self._time_out(attempt)
-                except Exception as exc:  # noqa: BLE001 - without the watchdog no timeout holds: stop
-                    self._crash = WorkerCrashed(f"The watchdog failed ({type(exc).__name__}: {exc}); stopping.")
-                    logger.exception("Worker %s: the watchdog failed; stopping the worker.", self.worker_id)
-                    self.stop()
-                    return
-
-    def _time_out(self, attempt: Attempt) -> None:
-        job = attempt.job
-        error = JobTimeout(
-            f"{job.task_path} ran longer than its timeout of {attempt.timeout:g}s. Its thread cannot be "
-            "stopped and was left running; whatever it returns later is discarded."
-        )
-        outcome = self._executor.give_up(attempt, error)
-        if outcome is None:
-            return  # it finished at the same moment: its own outcome stands
-        self._attempts.discard(attempt)
-        self.stats.timed_out += 1
-        logger.warning(
-            "Job %s ran past its timeout of %gs: recorded as %s. Its thread cannot be stopped and "
-            "runs on; a new thread takes its slot (use --isolation process to kill such jobs).",
-            job.id,
-            attempt.timeout,
-            outcome.state,
-        )
-        self._producer.finish(outcome)  # first: the outcome must be recorded whatever happens next
-        self._spawn_executor()
-
-    def _on_cancel(self, job_id: Any) -> None:
-        """A running job of ours was cancelled: tell its attempt (threads see is_cancelled(),
-        coroutines are cancelled, child processes killed)."""
-        attempt = self._attempts.get(job_id)  # None: another worker's job, or already ended
-        if attempt is not None and not attempt.cancelled.is_set():
-            logger.info("Job %s was cancelled while running.", job_id)
-            attempt.cancel()
 
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
         """Count what was stored and send the job signals, ``task_finished`` first (completer
@@ -484,79 +371,6 @@ class Worker:
                 job_retried, self.backend, **payload, attempt=o.attempt, run_at=o.available_at, error=o.error
             )
 
-    # -- maintenance ------------------------------------------------------------------------------
-
-    def _maintain(self) -> None:
-        s = self.settings
-        renew_every = s.LEASE_SECONDS / 3
-        next_renew = time.monotonic() + renew_every
-        common: dict[str, Any] = {
-            "using": self.using,
-            "settings": s,
-            "worker_id": self.worker_id,
-            "backend": self.backend,
-        }
-        services = [
-            Promoter(**common, interval=s.PROMOTE_INTERVAL),
-            Rescuer(**common, interval=s.RESCUE_INTERVAL),
-            Reaper(**common, interval=max(s.RESCUE_INTERVAL, s.LEASE_SECONDS)),
-            DedupSweeper(**common, interval=s.PROMOTE_INTERVAL),
-            PartitionSweeper(**common, interval=s.PROMOTE_INTERVAL),
-            Scheduler(**common, interval=s.PROMOTE_INTERVAL),
-            Pruner(**common, interval=s.PRUNE_INTERVAL),
-        ]
-        is_leader = False
-        next_leader_check = 0.0
-        next_cancel_poll = 0.0
-        failures = 0
-        while not self._maintenance_done.wait(0.1):
-            try:
-                now = time.monotonic()
-                if now >= next_cancel_poll:
-                    self._poll_cancels()
-                    listening = self._listener is not None and self._listener.connected.is_set()
-                    # With a live LISTEN, NOTIFY brings cancels; the poll is then only a safety net.
-                    next_cancel_poll = now + (renew_every if listening else CANCEL_POLL_INTERVAL)
-                if now >= next_renew:
-                    engine.renew_leases(
-                        using=self.using, lease_tokens=self._leases.tokens(), lease_seconds=s.LEASE_SECONDS
-                    )
-                    if not engine.heartbeat_worker(using=self.using, worker_id=self.worker_id):
-                        self._register()  # the reaper took us for dead; come back
-                    next_renew = now + renew_every
-                if now >= next_leader_check:
-                    leader = engine.leader_id(
-                        using=self.using, backend=self.backend, alive_within=timedelta(seconds=s.LEASE_SECONDS)
-                    )
-                    is_leader = leader == self.worker_id
-                    next_leader_check = now + min(s.RESCUE_INTERVAL, renew_every)
-                for service in services:
-                    if self._stopping.is_set():  # draining: keep renewing leases, start no new work
-                        break
-                    counts = service.tick(is_leader=is_leader)
-                    if counts and counts.get("promoted") or (counts and counts.get("requeued")):
-                        self._wake.set()
-                failures = 0
-            except DatabaseError as exc:
-                if not is_transient(exc):
-                    # Without lease renewals our jobs would be rescued under us: stop the worker.
-                    self._crash = crashed("maintenance", exc)
-                    logger.error("Worker %s: %s", self.worker_id, self._crash)
-                    self.stop()
-                    break
-                failures += 1
-                self._db_trouble("maintenance", exc, failures)
-            except Exception:  # noqa: BLE001 - a bug or a receiver's error must not stop lease renewal
-                failures += 1
-                logger.exception("Worker %s: maintenance step failed; retrying.", self.worker_id)
-                self._stopping.wait(min(5.0, 0.05 * 2 ** min(failures, 6)))
-        close_connection(self.using)
-
-    def _poll_cancels(self) -> None:
-        if self._attempts:
-            for job_id in engine.cancel_requested_ids(using=self.using, worker_id=self.worker_id):
-                self._on_cancel(job_id)
-
     # -- lifecycle --------------------------------------------------------------------------------
 
     def _start_threads(self) -> None:
@@ -568,8 +382,8 @@ class Worker:
         for _ in range(self.concurrency):
             self._spawn_executor()
         self._completer.start()
-        spawn(self._maintain, "jobs-maintainer")
-        spawn(self._watch, "jobs-watchdog")
+        spawn(self._maintainer.run, "jobs-maintainer")
+        spawn(self._watchdog.run, "jobs-watchdog")
         if connections[self.using].vendor == "postgresql":
             self._listener = Listener(
                 using=self.using,
@@ -577,7 +391,7 @@ class Worker:
                 queues=self.queues,
                 wake=self._wake,
                 stopping=self._stopping,
-                on_cancel=self._on_cancel,
+                on_cancel=self._watchdog.on_cancel,
             )
             self._listener.start()
             self._threads.append(self._listener)
@@ -602,11 +416,7 @@ class Worker:
         if still_running and self.isolation == "process":
             # Stop the children still running jobs before those jobs are released, so no job
             # runs here and on another worker at once.
-            self._killing_children.set()
-            with self._children_lock:
-                children = list(self._children)
-            for child in children:
-                child.kill()
+            self._children.kill_all()
         # Jobs claimed but not started yet are not run: the release below hands them back.
         self._producer.end_executors()
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
