@@ -28,12 +28,13 @@ class Leases:
         self._held_lock = threading.Lock()
 
     def add(self, tokens: Iterable[uuid.UUID]) -> None:
-        """One job of each claim ``tokens`` names (a token once per job)."""
+        """Count the jobs of new claims: ``tokens`` holds each job's lease token."""
         with self._held_lock:
             self._held.update(tokens)
 
     def drop(self, tokens: list[uuid.UUID]) -> None:
-        """The jobs of these claims are written or released (a token once per job)."""
+        """Uncount jobs whose outcome is written or that were released: ``tokens`` holds each
+        job's lease token; a claim with no job left is no longer renewed."""
         with self._held_lock:
             self._held.subtract(tokens)
             for token in set(tokens):
