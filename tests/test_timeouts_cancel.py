@@ -351,9 +351,9 @@ def test_a_job_cancelled_while_running_is_not_released_back_to_waiting_at_shutdo
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_a_cancel_arrives_by_notify_without_waiting_for_a_poll(thread_worker, probe, monkeypatch):
     """With the poll slowed to a minute, only the NOTIFY can deliver the cancel within a second."""
-    from django_jobs.worker import runner
+    from django_jobs.worker import maintainer
 
-    monkeypatch.setattr(runner, "CANCEL_POLL_INTERVAL", 60.0)
+    monkeypatch.setattr(maintainer, "CANCEL_POLL_INTERVAL", 60.0)
     result = tasks.until_cancelled.enqueue(probe)
     worker = thread_worker(concurrency=1)
     wait_until(lambda: events(probe, "start"), timeout=20)

@@ -94,9 +94,9 @@ def test_the_producer_claims_nothing_more_while_the_completer_is_behind(thread_w
     import time
 
     from django_jobs import engine
-    from django_jobs.worker import runner
+    from django_jobs.worker import producer, runner
 
-    monkeypatch.setattr(runner, "OUTCOME_BACKLOG", 10)
+    monkeypatch.setattr(producer, "OUTCOME_BACKLOG", 10)
     gate = threading.Event()
     write = engine.record_outcomes
 

@@ -1,6 +1,6 @@
 """Prefetch: while its jobs are short, a worker claims up to ``concurrency * prefetch`` jobs at
 once, still running at most ``concurrency`` at a time; jobs claimed behind a long one go back to
-the queue for other workers (runner.SHORT_JOB, runner.PREFETCH_HOLD)."""
+the queue for other workers (producer.SHORT_JOB, producer.PREFETCH_HOLD)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db import transaction
 
 import django_jobs
 from django_jobs.models import Event, Job
-from django_jobs.worker import Worker, runner
+from django_jobs.worker import Worker, producer
 from django_jobs.worker.runner import InvalidWorkerOption
 from tests import tasks
 from tests.tasks import read_records
@@ -68,7 +68,7 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
 def test_jobs_claimed_behind_a_long_one_go_back_to_the_queue(thread_worker, probe, monkeypatch):
     # Short jobs first, so the worker measures its jobs as short and prefetches (a generous
     # SHORT_JOB: a slow machine's first jobs must not keep the average above it).
-    monkeypatch.setattr(runner, "SHORT_JOB", 0.5)
+    monkeypatch.setattr(producer, "SHORT_JOB", 0.5)
     warm = [tasks.mark.enqueue(probe, f"warm{i}").id for i in range(5)]
     first = thread_worker(concurrency=1, prefetch=4, worker_id="first")
     wait_for(lambda: Job.objects.filter(id__in=warm, state="completed").count() == 5)
@@ -122,8 +122,8 @@ def test_max_jobs_counts_exactly_with_prefetch(thread_worker, probe):
 
 
 def test_a_prefetched_job_cancelled_while_it_waits_ends_cancelled_without_running(thread_worker, probe, monkeypatch):
-    monkeypatch.setattr(runner, "SHORT_JOB", 0.5)
-    monkeypatch.setattr(runner, "PREFETCH_HOLD", 1.0)  # the cancel reaches it while it waits
+    monkeypatch.setattr(producer, "SHORT_JOB", 0.5)
+    monkeypatch.setattr(producer, "PREFETCH_HOLD", 1.0)  # the cancel reaches it while it waits
     warm = [tasks.mark.enqueue(probe, f"warm{i}").id for i in range(3)]
     worker = thread_worker(concurrency=1, prefetch=4)
     wait_for(lambda: Job.objects.filter(id__in=warm, state="completed").count() == 3)
@@ -144,8 +144,8 @@ def test_a_prefetched_job_cancelled_while_it_waits_ends_cancelled_without_runnin
 
 
 def test_a_stopping_worker_does_not_start_its_prefetched_jobs(thread_worker, probe, monkeypatch):
-    monkeypatch.setattr(runner, "SHORT_JOB", 0.5)
-    monkeypatch.setattr(runner, "PREFETCH_HOLD", 30.0)  # only the stop hands them back
+    monkeypatch.setattr(producer, "SHORT_JOB", 0.5)
+    monkeypatch.setattr(producer, "PREFETCH_HOLD", 30.0)  # only the stop hands them back
     warm = [tasks.mark.enqueue(probe, f"warm{i}").id for i in range(3)]
     worker = thread_worker(concurrency=1, prefetch=4, grace=10)
     wait_for(lambda: Job.objects.filter(id__in=warm, state="completed").count() == 3)

@@ -20,7 +20,7 @@ from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any
 
-from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
@@ -35,6 +35,7 @@ from ..exceptions import (
     Fail,
     InvalidTaskArguments,
     JobCancelled,
+    JobsConfigurationError,
     JobsError,
     JobTimeout,
     NonJSONReturnValue,
@@ -481,8 +482,6 @@ def build_middleware_chain(paths: Any, innermost: Callable[[JobContext], Any]) -
     A middleware is Django-style: ``factory(call_next) -> handler``, and ``handler(context)``
     returns the task's return value or raises; ``context`` is the attempt's JobContext.
     """
-    from ..exceptions import JobsConfigurationError
-
     if isinstance(paths, str) or not isinstance(paths, (list, tuple)):
         raise JobsConfigurationError(f"MIDDLEWARE must be a list of dotted paths; got {paths!r}.")
     handler = innermost
@@ -515,8 +514,6 @@ _backend_classes: dict[str, type] = {}
 def backend_class(alias: str) -> type:
     cls = _backend_classes.get(alias)
     if cls is None:
-        from django.tasks import task_backends
-
         try:
             cls = type(task_backends[alias])
         except Exception:  # noqa: BLE001 - the alias vanished from settings; still send signals
