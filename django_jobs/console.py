@@ -33,11 +33,9 @@ __all__ = [
     "WorkerRow",
     "Workers",
     "dashboard",
-    "finished_before",
     "job_detail",
     "list_jobs",
     "queue_dashboard",
-    "queue_exists",
     "queue_overview",
     "throughput",
     "workers",
@@ -346,13 +344,6 @@ def queue_dashboard(*, using: str, backend: str, name: str, now: datetime | None
         day=_bucketed(per_minute, now, minutes=1440, bucket=15),
         tasks=tasks,
     )
-
-
-def finished_before(*, using: str, backend: str, queue: str, state: str, before: datetime, cap: int = 10_000) -> int:
-    """How many of ``queue``'s jobs finished in ``state`` before ``before``, counted up to
-    ``cap + 1`` (a result above ``cap`` means "more than cap"): what a clean would delete; see
-    :meth:`~django_jobs.models.JobQuerySet.finished_count`."""
-    return Job.objects.using(using).finished_count(backend=backend, queue=queue, state=state, before=before, cap=cap)
 
 
 def throughput(
