@@ -1,7 +1,9 @@
 """What the operations commands show (``manage.py jobs``): read-only views of queues and jobs.
 
 The command formats these; the admin dashboards of the operations console build on the same.
-Writes (retry, cancel, pause) go through :mod:`django_jobs.api` and :mod:`django_jobs.queues`.
+The reads themselves are the models' (QuerySet methods, :func:`~django_jobs.models.known_queues`);
+this module puts their rows together. Writes (retry, cancel, pause) go through
+:mod:`django_jobs.api` and :mod:`django_jobs.queues`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
+from .conf import get_settings
+from .models import Job, JobLog, Metric, QueueState, Worker, known_queues, queue_exists
 from .states import UNFINISHED_STATES, JobState
 
 __all__ = [
@@ -29,11 +33,9 @@ __all__ = [
     "WorkerRow",
     "Workers",
     "dashboard",
-    "finished_before",
     "job_detail",
     "list_jobs",
     "queue_dashboard",
-    "queue_exists",
     "queue_overview",
     "throughput",
     "workers",
@@ -58,26 +60,10 @@ def queue_overview(*, using: str, backend: str) -> list[QueueRow]:
     """Every queue with unfinished jobs of ``backend`` or a QueueState row, by name. Counts only
     unfinished states (one GROUP BY over django_jobs_unfinished_idx): finished history, which
     grows without bound, is never counted."""
-    from .models import QueueState
-
-    unfinished = _unfinished(using, backend)
-    states = {row.name: row for row in QueueState.objects.using(using).all()}
-    return [_queue_row(name, unfinished.get(name), states.get(name)) for name in sorted(set(unfinished) | set(states))]
-
-
-def _unfinished(using: str, backend: str) -> dict[str, tuple[dict[str, int], datetime | None]]:
-    """``{queue: ({state: n}, oldest waiting available_at)}`` in one GROUP BY over the unfinished
-    rows only (django_jobs_unfinished_idx): its cost follows the backlog, not the history."""
-    from .models import Job
-
-    jobs = Job.objects.using(using).filter(backend=backend, state__in=UNFINISHED_STATES)
-    out: dict[str, tuple[dict[str, int], datetime | None]] = {}
-    rows = jobs.values_list("queue", "state").annotate(n=Count("id"), oldest=Min("available_at")).order_by()
-    for name, state, n, oldest in rows:
-        counts, waiting_since = out.get(name, ({}, None))
-        counts[state] = n
-        out[name] = (counts, oldest if state == JobState.WAITING else waiting_since)
-    return out
+    unfinished = Job.objects.using(using).unfinished_by_queue(backend)
+    states = QueueState.objects.using(using).by_name()
+    names = known_queues(using=using, states=states, recent=(), unfinished=unfinished, declared=False)
+    return [_queue_row(name, unfinished.get(name), states.get(name)) for name in names]
 
 
 def _queue_row(name: str, unfinished: tuple[dict[str, int], datetime | None] | None, state: Any) -> QueueRow:
@@ -109,23 +95,24 @@ def list_jobs(
 ) -> list[Any]:
     """The newest ``limit`` jobs matching the filters, as the admin's list filters them
     (``since``/``until``: enqueued in that range). ValueError for an unknown state."""
-    from .models import Job
-
     if state is not None and state not in JobState.values:
         raise ValueError(f"Unknown state {state!r}; one of {', '.join(JobState.values)}.")
     jobs = Job.objects.using(using).filter(backend=backend)
-    filters = {
-        "queue": queue, "state": state, "task_path": task, "priority": priority, "trace_id": trace,
-        "partition_key": partition, "enqueued_at__gte": since, "enqueued_at__lt": until,
-    }  # fmt: skip
-    jobs = jobs.filter(**{k: v for k, v in filters.items() if v is not None and v != ""})
+    jobs = jobs.matching(
+        queue=queue,
+        state=state,
+        task=task,
+        priority=priority,
+        trace=trace,
+        partition=partition,
+        since=since,
+        until=until,
+    )
     return list(jobs.order_by("-id")[:limit])  # ids are UUIDv7: newest first, by the primary key
 
 
 def job_detail(*, using: str, job_id: str) -> tuple[Any, list[Any]] | None:
     """``(job, log lines)`` of one job; None for an unknown or malformed id."""
-    from .models import Job, JobLog
-
     try:
         pk = uuid.UUID(str(job_id))
     except ValueError:
@@ -133,7 +120,7 @@ def job_detail(*, using: str, job_id: str) -> tuple[Any, list[Any]] | None:
     job = Job.objects.using(using).filter(id=pk).first()
     if job is None:
         return None
-    return job, list(JobLog.objects.using(using).filter(job_id=pk).order_by("idx"))
+    return job, list(JobLog.objects.using(using).of_job(pk))
 
 
 # -- the operations dashboards ---------------------------------------------------------------------
@@ -302,15 +289,14 @@ def dashboard(*, using: str, backend: str, now: datetime | None = None) -> Dashb
     Queues listed: those with unfinished jobs of ``backend``, a QueueState row, or Metric rows in
     the last day. ``hour`` has 60 one-minute buckets and ``day`` 96 quarter-hours, of all queues.
     """
-    from .models import QueueState
-
     now = now or timezone.now()
-    unfinished = _unfinished(using, backend)
-    states = {row.name: row for row in QueueState.objects.using(using).all()}
+    unfinished = Job.objects.using(using).unfinished_by_queue(backend)
+    states = QueueState.objects.using(using).by_name()
     windows = _outcomes_by_queue(using, now)
+    names = known_queues(using=using, states=states, recent=windows, unfinished=unfinished, declared=False)
     queues = [
         QueueStats(row=_queue_row(name, unfinished.get(name), states.get(name)), now=now, **windows.get(name, {}))
-        for name in sorted(set(unfinished) | set(states) | set(windows))
+        for name in names
     ]
     per_minute = _per_minute(using, None, _first_minute(now, 1440), now)
     return Dashboard(
@@ -326,20 +312,12 @@ def queue_dashboard(*, using: str, backend: str, name: str, now: datetime | None
     """One queue's figures, throughput (last hour by minute, last day by quarter-hour) and
     unfinished jobs per task; None for a queue that has no jobs, no QueueState row and no
     metrics (see :func:`queue_exists`)."""
-    from .models import Job, QueueState
-
     now = now or timezone.now()
     state = QueueState.objects.using(using).filter(name=name).first()
     per_task: dict[str, dict[str, int]] = {}
     counts: dict[str, int] = {}
     oldest: datetime | None = None
-    rows = (
-        Job.objects.using(using)
-        .filter(backend=backend, queue=name, state__in=UNFINISHED_STATES)
-        .values_list("task_path", "state")
-        .annotate(n=Count("id"), oldest=Min("available_at"))
-        .order_by()
-    )
+    rows = Job.objects.using(using).unfinished_by_task(backend, name)
     for task_path, job_state, n, first in rows:
         per_task.setdefault(task_path, {})[job_state] = n
         counts[job_state] = counts.get(job_state, 0) + n
@@ -368,35 +346,6 @@ def queue_dashboard(*, using: str, backend: str, name: str, now: datetime | None
     )
 
 
-def queue_exists(*, using: str, backend: str, name: str) -> bool:
-    """Whether ``name`` is a queue: it has a QueueState row, Metric rows or jobs of ``backend``
-    (unfinished or finished). Each probe is an EXISTS on an index led by the queue name."""
-    from .models import Job, Metric, QueueState
-    from .states import FINISHED_STATES
-
-    jobs = Job.objects.using(using).filter(backend=backend, queue=name)
-    return (
-        QueueState.objects.using(using).filter(name=name).exists()
-        or jobs.filter(state__in=UNFINISHED_STATES).exists()
-        or jobs.filter(state__in=sorted(FINISHED_STATES)).exists()
-        or Metric.objects.using(using).filter(queue=name).exists()
-    )
-
-
-def finished_before(*, using: str, backend: str, queue: str, state: str, before: datetime, cap: int = 10_000) -> int:
-    """How many of ``queue``'s jobs finished in ``state`` before ``before``, counted up to
-    ``cap + 1`` (a result above ``cap`` means "more than cap"): what a clean would delete. The
-    count walks django_jobs_finished_q_idx and stops after ``cap + 1`` rows."""
-    from .models import Job
-
-    return (
-        Job.objects.using(using)
-        .filter(backend=backend, queue=queue, state=state, finished_at__lt=before)
-        .order_by()[: cap + 1]
-        .count()
-    )
-
-
 def throughput(
     *, using: str, queue: str | None = None, minutes: int = 60, bucket: int = 1, now: datetime | None = None
 ) -> Throughput:
@@ -415,18 +364,9 @@ def workers(*, using: str, backend: str, now: datetime | None = None) -> Workers
     """The registered workers of ``backend`` with how many jobs each runs (one GROUP BY over the
     active jobs). A worker whose heartbeat is older than three leases is marked stale: the reaper
     removes such rows and the rescuer re-queues their jobs."""
-    from .conf import get_settings
-    from .models import Job, Worker
-
     now = now or timezone.now()
     stale_after = timedelta(seconds=3 * get_settings(backend).LEASE_SECONDS)
-    running = dict(
-        Job.objects.using(using)
-        .filter(backend=backend, state=JobState.ACTIVE)
-        .values_list("worker_id")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    running = Job.objects.using(using).running_by_worker(backend)
     rows = []
     for w in Worker.objects.using(using).filter(backend=backend).order_by("started_at", "id"):
         age = max(now - w.heartbeat_at, timedelta(0))
@@ -459,17 +399,8 @@ def _first_minute(now: datetime, minutes: int) -> datetime:
 def _per_minute(using: str, queue: str | None, since: datetime, now: datetime) -> dict[datetime, Outcomes]:
     """Metric sums per minute from ``since`` to the current minute, of one queue or all (at most
     one row per minute: 1440 for a day)."""
-    from .models import Metric
-
-    metrics = Metric.objects.using(using).filter(
-        minute__gte=since, minute__lt=_floor_minute(now) + timedelta(minutes=1)
-    )
-    if queue is not None:
-        metrics = metrics.filter(queue=queue)
-    rows = (
-        metrics.values_list("minute")
-        .annotate(Sum("completed"), Sum("failed"), Sum("retried"), Sum("runtime_ms"))
-        .order_by()
+    rows = Metric.objects.using(using).per_minute(
+        queue=queue, since=since, until=_floor_minute(now) + timedelta(minutes=1)
     )
     return {
         _floor_minute(minute): Outcomes(completed=c or 0, failed=f or 0, retried=r or 0, runtime_ms=ms or 0)
@@ -511,30 +442,16 @@ def _bucketed(per_minute: dict[datetime, Outcomes], now: datetime, *, minutes: i
 def _outcomes_by_queue(using: str, now: datetime) -> dict[str, dict[str, Outcomes]]:
     """``{queue: {"recent", "hour", "day": Outcomes}}`` of the queues with Metric rows in the last
     day, in one query (conditional sums over the last day's rows, found by the minute index)."""
-    from .models import Metric
-
     minute = _floor_minute(now)
     windows = {
         "recent": Q(minute__gte=minute - timedelta(minutes=RATE_MINUTES), minute__lt=minute),
         "hour": Q(minute__gte=_first_minute(now, 60)),
         "day": Q(),
     }
-    columns = ("completed", "failed", "retried", "runtime_ms")
-    sums = {
-        f"{window}_{column}": Sum(column, filter=condition or None, default=0)
-        for window, condition in windows.items()
-        for column in columns
-    }
-    rows = (
-        Metric.objects.using(using)
-        .filter(minute__gte=_first_minute(now, 1440), minute__lt=minute + timedelta(minutes=1))
-        .values("queue")
-        .annotate(**sums)
-        .order_by()
+    sums = Metric.objects.using(using).sums_by_queue(
+        windows=windows, since=_first_minute(now, 1440), until=minute + timedelta(minutes=1)
     )
     return {
-        row["queue"]: {
-            window: Outcomes(**{column: row[f"{window}_{column}"] for column in columns}) for window in windows
-        }
-        for row in rows
+        queue: {window: Outcomes(**by_column) for window, by_column in per_window.items()}
+        for queue, per_window in sums.items()
     }

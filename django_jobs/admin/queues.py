@@ -13,30 +13,37 @@ Pages (names in the ``admin`` namespace):
 
 Viewing needs ``django_jobs.view_queuestate`` (or change) or ``django_jobs.view_job``; every
 control needs ``django_jobs.control_queue``. The figures come from :mod:`django_jobs.console`
-(read-only, shared with ``manage.py jobs``); every change goes through :mod:`django_jobs.engine`
-or :func:`django_jobs.queue`. ``?backend=<alias>`` picks a django-jobs backend of ``TASKS`` when
-there are several (default: ``default``).
+(read-only, shared with ``manage.py jobs``) and the reads of :mod:`django_jobs.models`; every
+change goes through :mod:`django_jobs.engine` or :func:`django_jobs.queue`. ``?backend=<alias>``
+picks a django-jobs backend of ``TASKS`` when there are several (default: ``default``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.tasks import task_backends
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from .. import console
-from ..models import QueueState
+import django_jobs
+
+from .. import console, engine
+from ..backend import JobsBackend, validate_queue_name
+from ..exceptions import JobsError
+from ..models import Job, QueueState, queue_exists
 from ..queues import CLEANABLE_STATES
 from ..states import UNFINISHED_STATES, JobState
+from .charts import chart
+from .utils import database
 
 #: The controls of the per-queue page; clean and drain delete jobs and are confirmed first.
 ACTIONS = ("pause", "resume", "limits", "clean", "drain")
@@ -55,9 +62,6 @@ class QueueStateForm(forms.ModelForm):
 
     def clean_name(self):
         """A queue's settings under a name no job can use would be a row nobody reaches."""
-        from ..backend import validate_queue_name
-        from ..exceptions import JobsError
-
         name = self.cleaned_data.get("name")
         try:
             validate_queue_name(name)
@@ -127,12 +131,9 @@ class QueueStateAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         """Through the engine, like ``django_jobs.queue(...).configure()``: a loosened limit wakes
         the workers (NOTIFY) and a removed rate limit drops its start log."""
-        from .. import engine
-        from ..conf import get_settings
-
         names = [f for f in form.changed_data if f != "name"] if change else list(form.cleaned_data)
         changes = {f: form.cleaned_data[f] for f in names if f != "name"}
-        engine.update_queue_state(using=get_settings().DATABASE, queue=obj.name, changes=changes)
+        engine.update_queue_state(using=database(), queue=obj.name, changes=changes)
 
     def get_urls(self):
         view = self.admin_site.admin_view
@@ -155,8 +156,8 @@ class QueueStateAdmin(admin.ModelAdmin):
             **self._base_context(request, backend),
             "title": "Queues",
             "queues": [_queue_figures(q, links) for q in data.queues],
-            "hour_chart": _chart(data.hour, "all-hour", "Jobs finished per minute, all queues, last hour"),
-            "day_chart": _chart(data.day, "all-day", "Jobs finished per 15 minutes, all queues, last 24 hours"),
+            "hour_chart": chart(data.hour, "all-hour", "Jobs finished per minute, all queues, last hour"),
+            "day_chart": chart(data.day, "all-day", "Jobs finished per 15 minutes, all queues, last 24 hours"),
             "workers": data.workers,
             "worker_rows": [_worker_figures(w) for w in data.workers.rows],
             "stale_after": _duration(data.workers.stale_after.total_seconds()),
@@ -186,22 +187,16 @@ class QueueStateAdmin(admin.ModelAdmin):
     # -- actions ----------------------------------------------------------------------------------
 
     def _pause(self, request: HttpRequest, name: str, backend: str, using: str) -> HttpResponse:
-        import django_jobs
-
         django_jobs.queue(name, backend=backend).pause()
         self.message_user(request, f"Queue “{name}” paused: running jobs finish, no new one starts.", messages.SUCCESS)
         return HttpResponseRedirect(_Links(request, backend).queue(name))
 
     def _resume(self, request: HttpRequest, name: str, backend: str, using: str) -> HttpResponse:
-        import django_jobs
-
         django_jobs.queue(name, backend=backend).resume()
         self.message_user(request, f"Queue “{name}” resumed.", messages.SUCCESS)
         return HttpResponseRedirect(_Links(request, backend).queue(name))
 
     def _limits(self, request: HttpRequest, name: str, backend: str, using: str) -> HttpResponse:
-        from .. import engine
-
         instance = QueueState.objects.using(using).filter(name=name).first() or QueueState(name=name)
         form = QueueLimitsForm(request.POST, instance=instance)
         if not form.is_valid():
@@ -218,8 +213,6 @@ class QueueStateAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(_Links(request, backend).queue(name))
 
     def _clean(self, request: HttpRequest, name: str, backend: str, using: str) -> HttpResponse:
-        import django_jobs
-
         if request.method == "POST":
             form = CleanForm(request.POST)
             if form.is_valid():
@@ -245,8 +238,7 @@ class QueueStateAdmin(admin.ModelAdmin):
             form = CleanForm(request.GET or None)
         matching = None
         if form.is_bound and form.is_valid():
-            matching = console.finished_before(
-                using=using,
+            matching = Job.objects.using(using).finished_count(
                 backend=backend,
                 queue=name,
                 state=form.cleaned_data["state"],
@@ -262,8 +254,6 @@ class QueueStateAdmin(admin.ModelAdmin):
         return self._render_confirm(request, name, backend, "clean", context)
 
     def _drain(self, request: HttpRequest, name: str, backend: str, using: str) -> HttpResponse:
-        import django_jobs
-
         control = django_jobs.queue(name, backend=backend)
         if request.method == "POST":
             deleted = control.drain()
@@ -311,8 +301,8 @@ class QueueStateAdmin(admin.ModelAdmin):
                 }
                 for t in data.tasks
             ],
-            "hour_chart": _chart(data.hour, "queue-hour", f"Jobs of queue {name} finished per minute, last hour"),
-            "day_chart": _chart(data.day, "queue-day", f"Jobs of queue {name} finished per 15 minutes, last 24 hours"),
+            "hour_chart": chart(data.hour, "queue-hour", f"Jobs of queue {name} finished per minute, last hour"),
+            "day_chart": chart(data.day, "queue-day", f"Jobs of queue {name} finished per 15 minutes, last 24 hours"),
             "limits_form": limits_form if can_control else None,
             "clean_form": CleanForm() if can_control else None,
             "actions": {a: links.action(name, a) for a in ACTIONS} if can_control else None,
@@ -365,21 +355,12 @@ def _can_control(request: HttpRequest) -> bool:
 
 def _jobs_backends() -> list[str]:
     """The aliases of ``TASKS`` served by django-jobs."""
-    from django.conf import settings
-    from django.tasks import task_backends
-
-    from ..backend import JobsBackend
-
     return [alias for alias in getattr(settings, "TASKS", {}) if isinstance(task_backends[alias], JobsBackend)]
 
 
 def _backend(request: HttpRequest) -> tuple[str, str]:
     """``(alias, database)`` of the backend the page shows: ``?backend=`` when it names a
     django-jobs backend, else ``default`` (or the first one)."""
-    from django.tasks import task_backends
-
-    from ..conf import get_settings
-
     aliases = _jobs_backends()
     wanted = request.GET.get("backend")
     if wanted in aliases:
@@ -388,14 +369,11 @@ def _backend(request: HttpRequest) -> tuple[str, str]:
         alias = "default"
     else:
         alias = aliases[0]
-    return alias, task_backends[alias].database if alias in aliases else get_settings().DATABASE
+    return alias, task_backends[alias].database if alias in aliases else database()
 
 
 def _check_name(name: str) -> None:
     """404 for a name no queue can have (enqueue validates queue names)."""
-    from ..backend import validate_queue_name
-    from ..exceptions import JobsError
-
     try:
         validate_queue_name(name)
     except JobsError:
@@ -404,7 +382,7 @@ def _check_name(name: str) -> None:
 
 def _check_queue(using: str, backend: str, name: str) -> None:
     _check_name(name)
-    if not console.queue_exists(using=using, backend=backend, name=name):
+    if not queue_exists(using=using, backend=backend, name=name):
         raise Http404(f"No queue {name!r}.")
 
 
@@ -489,91 +467,4 @@ def _runtime(ms: float | None) -> str:
     return _duration(ms / 1000)
 
 
-# -- charts ----------------------------------------------------------------------------------------
-
-#: The chart's viewBox and the plot area inside it (room for the legend above, axes left/below).
-WIDTH, HEIGHT = 720, 220
-LEFT, RIGHT, TOP, BOTTOM = 44, 8, 28, 24
-X_LABELS = 6
-
-
-@dataclass(frozen=True)
-class Chart:
-    """A throughput chart laid out for ``chart.html``: stacked bars (completed below, failed
-    above) with their tooltip text, axis ticks and the summary the screen readers get."""
-
-    key: str
-    label: str
-    bars: list[dict[str, Any]]
-    y_ticks: list[dict[str, Any]]
-    x_ticks: list[dict[str, Any]]
-    completed: int
-    failed: int
-    width: int = WIDTH
-    height: int = HEIGHT
-    left: int = LEFT
-    right: int = WIDTH - RIGHT
-    top: int = TOP
-    bottom: int = HEIGHT - BOTTOM
-    plot_height: int = HEIGHT - TOP - BOTTOM
-
-
-def _chart(data: console.Throughput, key: str, title: str) -> Chart:
-    """Lay out ``data``'s buckets as bars scaled to a round maximum (1, 2, 3, 4, 5, 6 or 8 times a
-    power of ten), with up to :data:`X_LABELS` time labels in the current time zone."""
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    peak = max((b.completed + b.failed for b in data.buckets), default=0)
-    top = _round_up(peak)
-    slot = plot_w / max(len(data.buckets), 1)
-    width = max(slot * 0.8, 1.0)
-    with_date = data.minutes > 60
-    bars = []
-    for i, b in enumerate(data.buckets):
-        done_h, fail_h = b.completed / top * plot_h, b.failed / top * plot_h
-        base = TOP + plot_h
-        x = LEFT + i * slot
-        bars.append(
-            {
-                "slot_x": round(x, 2),
-                "slot_w": round(slot, 2),
-                "x": round(x + (slot - width) / 2, 2),
-                "w": round(width, 2),
-                "done_y": round(base - done_h, 2),
-                "done_h": round(done_h, 2),
-                "fail_y": round(base - done_h - fail_h, 2),
-                "fail_h": round(fail_h, 2),
-                "title": f"{_clock(b.start, with_date)}–{_clock(b.end, False)}: "
-                f"{b.completed} completed, {b.failed} failed",
-            }
-        )
-    ticks = [0, top // 2, top] if top % 2 == 0 else [0, top]
-    y_ticks = [{"y": round(TOP + plot_h - t / top * plot_h, 2), "label": t} for t in ticks]
-    step = max(len(data.buckets) // X_LABELS, 1)
-    x_ticks = [
-        {"x": round(LEFT + i * slot, 2), "label": _clock(data.buckets[i].start, False)}
-        for i in range(0, len(data.buckets), step)
-    ]
-    return Chart(
-        key=key,
-        label=f"{title}: {data.completed} completed, {data.failed} failed",
-        bars=bars,
-        y_ticks=y_ticks,
-        x_ticks=x_ticks,
-        completed=data.completed,
-        failed=data.failed,
-    )
-
-
-def _round_up(n: int) -> int:
-    """The smallest of 1, 2, 3, 4, 5, 6, 8, 10, 20, 30, ... that is >= ``n``."""
-    scale = 1
-    while True:
-        for m in (1, 2, 3, 4, 5, 6, 8):
-            if m * scale >= n:
-                return m * scale
-        scale *= 10
-
-
-def _clock(moment: datetime, with_date: bool) -> str:
-    local = timezone.localtime(moment)
-    return local.strftime("%Y-%m-%d %H:%M" if with_date else "%H:%M")
+__all__ = ["CleanForm", "QueueLimitsForm", "QueueStateAdmin", "QueueStateForm"]

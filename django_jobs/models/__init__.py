@@ -1,28 +1,37 @@
-"""django-jobs models: the job table and the rows that describe workers and queues."""
+"""django-jobs models: the job table and the rows that describe workers and queues, and the reads
+the admin, the console and ``manage.py jobs`` share (QuerySet methods, :func:`known_queues`,
+:func:`queue_exists`)."""
 
 from .dedup import JobDedup, JobDedupNext
 from .dependency import DependencyStatus, FailurePolicy, JobDependency
-from .event import Event, Metric
+from .event import Event, Metric, MetricQuerySet
 from .job import Job, JobQuerySet
-from .log import JobLog
-from .queue import JobStart, QueueState
+from .log import JobLog, JobLogQuerySet
+from .queue import JobStart, QueueState, QueueStateQuerySet, declared_queues, known_queues, queue_exists
 from .schedule import CatchUp, Schedule
-from .worker import Worker
+from .worker import Worker, WorkerQuerySet
 
 __all__ = [
     "DependencyStatus",
     "Event",
     "Metric",
+    "MetricQuerySet",
     "FailurePolicy",
     "Job",
     "JobDedup",
     "JobDedupNext",
     "JobDependency",
     "JobLog",
+    "JobLogQuerySet",
     "JobStart",
     "JobQuerySet",
     "QueueState",
+    "QueueStateQuerySet",
     "CatchUp",
     "Schedule",
     "Worker",
+    "WorkerQuerySet",
+    "declared_queues",
+    "known_queues",
+    "queue_exists",
 ]

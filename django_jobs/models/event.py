@@ -4,7 +4,12 @@ Both are written by :mod:`django_jobs.engine` in the transaction that makes the 
 record, so an event or a count is never ahead of, or behind, the job rows it describes.
 """
 
+from __future__ import annotations
+
+from datetime import datetime
+
 from django.db import models
+from django.db.models import Q, Sum
 
 
 class Event(models.Model):
@@ -40,6 +45,49 @@ class Event(models.Model):
         return f"{self.kind} {self.queue} {self.job_id or ''}".rstrip()
 
 
+class MetricQuerySet(models.QuerySet):
+    """The reads of the dashboards (admin and ``manage.py jobs``): finished jobs are counted from
+    these rows (one per queue and minute), never with a COUNT over the job table."""
+
+    #: The columns summed per minute or per window.
+    SUMMED = ("completed", "failed", "retried", "runtime_ms")
+
+    def per_minute(self, *, queue: str | None, since: datetime, until: datetime) -> models.QuerySet:
+        """``(minute, completed, failed, retried, runtime_ms)`` sums per minute in ``[since,
+        until)``, of one queue or all (at most one row per minute: 1440 for a day)."""
+        metrics = self.filter(minute__gte=since, minute__lt=until)
+        if queue is not None:
+            metrics = metrics.filter(queue=queue)
+        return (
+            metrics.values_list("minute")
+            .annotate(Sum("completed"), Sum("failed"), Sum("retried"), Sum("runtime_ms"))
+            .order_by()
+        )
+
+    def sums_by_queue(
+        self, *, windows: dict[str, Q], since: datetime, until: datetime
+    ) -> dict[str, dict[str, dict[str, int]]]:
+        """``{queue: {window: {column: sum}}}`` of the queues with rows in ``[since, until)``, in
+        one query: a conditional sum of each :attr:`SUMMED` column per window (``Q()``: every
+        row), over the rows found by the minute index."""
+        columns = self.SUMMED
+        sums = {
+            f"{window}_{column}": Sum(column, filter=condition or None, default=0)
+            for window, condition in windows.items()
+            for column in columns
+        }
+        rows = self.filter(minute__gte=since, minute__lt=until).values("queue").annotate(**sums).order_by()
+        return {
+            row["queue"]: {window: {column: row[f"{window}_{column}"] for column in columns} for window in windows}
+            for row in rows
+        }
+
+    def queues(self, since: datetime | None = None) -> set[str]:
+        """The queues with rows from ``since`` on (None: any row)."""
+        metrics = self if since is None else self.filter(minute__gte=since)  # django_jobs_metric_minute_idx
+        return set(metrics.order_by().values_list("queue", flat=True).distinct())
+
+
 class Metric(models.Model):
     """Jobs finished in one queue in one minute, written with the outcome batches.
 
@@ -55,6 +103,8 @@ class Metric(models.Model):
     #: Attempts that ended in a retry (the job runs again later).
     retried = models.BigIntegerField(default=0)
     runtime_ms = models.BigIntegerField(default=0)
+
+    objects = MetricQuerySet.as_manager()
 
     class Meta:
         db_table = "django_jobs_metric"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import models
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 
 from ..states import FINISHED_STATES, UNFINISHED_STATES, JobState
 from ..uuid7 import uuid7
@@ -39,6 +40,83 @@ class JobQuerySet(models.QuerySet):
         for row in self.values("queue", "state").annotate(n=Count("id")).order_by():
             out.setdefault(row["queue"], {})[row["state"]] = row["n"]
         return out
+
+    # -- what the admin, the console (``manage.py jobs``) and the queue pages read ------------------
+    #
+    # Unfinished jobs are counted through their partial index (django_jobs_unfinished_idx) and
+    # running ones through django_jobs_active_idx: what these cost follows the backlog, never the
+    # finished history, which grows without bound.
+
+    def unfinished_by_queue(self, backend: str) -> dict[str, tuple[dict[str, int], datetime | None]]:
+        """``{queue: ({state: n}, oldest waiting available_at)}`` of ``backend``'s jobs in one
+        GROUP BY over the unfinished rows only (django_jobs_unfinished_idx): its cost follows the
+        backlog, not the history."""
+        jobs = self.filter(backend=backend, state__in=UNFINISHED_STATES)
+        out: dict[str, tuple[dict[str, int], datetime | None]] = {}
+        rows = jobs.values_list("queue", "state").annotate(n=Count("id"), oldest=Min("available_at")).order_by()
+        for name, state, n, oldest in rows:
+            counts, waiting_since = out.get(name, ({}, None))
+            counts[state] = n
+            out[name] = (counts, oldest if state == JobState.WAITING else waiting_since)
+        return out
+
+    def unfinished_by_task(self, backend: str, queue: str) -> models.QuerySet:
+        """``(task_path, state, n, oldest available_at)`` rows of one queue's unfinished jobs of
+        ``backend``, one per task and state (one GROUP BY over the unfinished rows)."""
+        return (
+            self.filter(backend=backend, queue=queue, state__in=UNFINISHED_STATES)
+            .values_list("task_path", "state")
+            .annotate(n=Count("id"), oldest=Min("available_at"))
+            .order_by()
+        )
+
+    def unfinished_values(self, limit: int = 1000) -> models.QuerySet:
+        """Distinct ``(queue, task_path, priority)`` of the unfinished jobs of every backend, at
+        most ``limit`` of them: a small set the partial index django_jobs_unfinished_idx covers
+        (the admin's filters offer them as choices)."""
+        return (
+            self.filter(state__in=UNFINISHED_STATES)
+            .order_by()
+            .values_list("queue", "task_path", "priority")
+            .distinct()[:limit]
+        )
+
+    def running_by_worker(self, backend: str) -> dict[str, int]:
+        """``{worker_id: n}`` of ``backend``'s active jobs (one GROUP BY over the active jobs)."""
+        return dict(
+            self.filter(backend=backend, state=JobState.ACTIVE)
+            .values_list("worker_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+
+    def matching(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        task: str | None = None,
+        priority: int | None = None,
+        trace: str | None = None,
+        partition: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> JobQuerySet:
+        """The jobs matching the filters, as the admin's list filters them (``since``/``until``:
+        enqueued in that range); a filter that is None or ``""`` is left out."""
+        filters: dict[str, Any] = {
+            "queue": queue, "state": state, "task_path": task, "priority": priority, "trace_id": trace,
+            "partition_key": partition, "enqueued_at__gte": since, "enqueued_at__lt": until,
+        }  # fmt: skip
+        return self.filter(**{k: v for k, v in filters.items() if v is not None and v != ""})
+
+    def finished_count(self, *, backend: str, queue: str, state: str, before: datetime, cap: int = 10_000) -> int:
+        """How many of ``queue``'s jobs finished in ``state`` before ``before``, counted up to
+        ``cap + 1`` (a result above ``cap`` means "more than cap"): what a clean would delete. The
+        count walks django_jobs_finished_q_idx and stops after ``cap + 1`` rows."""
+        return (
+            self.filter(backend=backend, queue=queue, state=state, finished_at__lt=before).order_by()[: cap + 1].count()
+        )
 
 
 class Job(models.Model):

@@ -1,6 +1,16 @@
 """Job logs: ordered lines a running job writes with ``context.log()`` (seed table ``job_log``)."""
 
+from __future__ import annotations
+
+import uuid
+
 from django.db import models
+
+
+class JobLogQuerySet(models.QuerySet):
+    def of_job(self, job_id: uuid.UUID) -> JobLogQuerySet:
+        """One job's lines, in the order it wrote them."""
+        return self.filter(job_id=job_id).order_by("idx")
 
 
 class JobLog(models.Model):
@@ -9,6 +19,8 @@ class JobLog(models.Model):
     idx = models.PositiveIntegerField()
     line = models.TextField()
     created_at = models.DateTimeField()
+
+    objects = JobLogQuerySet.as_manager()
 
     class Meta:
         db_table = "django_jobs_joblog"

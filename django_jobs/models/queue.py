@@ -4,8 +4,29 @@ and partition leases), and the start log behind the sliding-window rate limits.
 Writes go through :mod:`django_jobs.engine` (``django_jobs.queue(...)`` and the admin call it).
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..states import FINISHED_STATES, UNFINISHED_STATES
+from .event import Metric
+from .job import Job
+
+
+class QueueStateQuerySet(models.QuerySet):
+    def by_name(self) -> dict[str, QueueState]:
+        """``{name: row}`` of every queue that has a flag or a limit."""
+        return {row.name: row for row in self.all()}
+
+    def names(self) -> set[str]:
+        return set(self.values_list("name", flat=True))
 
 
 class QueueState(models.Model):
@@ -30,6 +51,8 @@ class QueueState(models.Model):
     #: value only when the declaration changed, so a runtime edit survives restarts.
     declared = models.JSONField(default=dict, blank=True, db_default={})
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = QueueStateQuerySet.as_manager()
 
     class Meta:
         db_table = "django_jobs_queuestate"
@@ -86,6 +109,67 @@ class QueueState(models.Model):
             or self.partition_rate_limit is not None
             or (self.partition_concurrency or 1) > 1
         )
+
+
+# -- which queues there are ---------------------------------------------------------------------
+
+#: A queue with Metric rows this recent is known: jobs of it finished lately.
+RECENT_METRICS = timedelta(days=1)
+
+
+def known_queues(
+    *,
+    using: str,
+    states: Iterable[str] | None = None,
+    recent: Iterable[str] | None = None,
+    unfinished: Iterable[str] | None = None,
+    declared: bool = True,
+    recent_window: timedelta | None = RECENT_METRICS,
+    now: datetime | None = None,
+) -> list[str]:
+    """The queues there are, by name: those with a QueueState row (a flag or a limit), Metric rows
+    in the last ``recent_window`` (None: any Metric row), unfinished jobs (of any backend: the
+    distinct values of :meth:`JobQuerySet.unfinished_values`), or, with ``declared``, a
+    declaration in the settings (:func:`declared_queues`). None of these reads the job table's
+    finished history, which grows without bound.
+
+    A caller that has already read a source passes its queue names (``states``, ``recent`` or
+    ``unfinished``; an empty tuple leaves the source out) and saves its query: the admin's
+    filters pass the unfinished queues they read once per request, the dashboards the queues of
+    the figures they show (``declared=False``: a dashboard lists the queues it has figures for).
+    """
+    if states is None:
+        states = QueueState.objects.using(using).names()
+    if recent is None:
+        since = None if recent_window is None else (now or timezone.now()) - recent_window
+        recent = Metric.objects.using(using).queues(since)
+    if unfinished is None:
+        unfinished = {queue for queue, _, _ in Job.objects.using(using).unfinished_values()}
+    names = set(states) | set(recent) | set(unfinished)
+    if declared:
+        names |= declared_queues()
+    return sorted(names)
+
+
+def declared_queues() -> set[str]:
+    """Queues the settings declare: ``DJANGO_JOBS["QUEUES"]`` and the ``QUEUES`` of every
+    ``TASKS`` backend."""
+    names = set(get_settings().QUEUES or {})
+    for backend in getattr(settings, "TASKS", {}).values():
+        names |= set(backend.get("QUEUES") or [])
+    return names
+
+
+def queue_exists(*, using: str, backend: str, name: str) -> bool:
+    """Whether ``name`` is a queue: it has a QueueState row, Metric rows or jobs of ``backend``
+    (unfinished or finished). Each probe is an EXISTS on an index led by the queue name."""
+    jobs = Job.objects.using(using).filter(backend=backend, queue=name)
+    return (
+        QueueState.objects.using(using).filter(name=name).exists()
+        or jobs.filter(state__in=UNFINISHED_STATES).exists()
+        or jobs.filter(state__in=sorted(FINISHED_STATES)).exists()
+        or Metric.objects.using(using).filter(queue=name).exists()
+    )
 
 
 class JobStart(models.Model):

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.tasks import task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
+from django.utils.module_loading import autodiscover_modules
 
+import django_jobs
+
+from ...conf import get_settings
+from ...console import dashboard, job_detail, list_jobs
 from ...exceptions import JobsError
+from ...services import Pruner
 
 
 class Command(BaseCommand):
@@ -51,8 +59,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django.tasks import task_backends
-
         backend = options["backend"]
         try:
             self.using = task_backends[backend].database
@@ -77,8 +83,6 @@ class Command(BaseCommand):
             self.stdout.write("")
 
     def _status_table(self) -> str:
-        from ...console import dashboard
-
         board = dashboard(using=self.using, backend=self.backend)
         head = ["queue", "waiting", "delayed", "active", "waiting-children", "done/1h", "failed/1h", "jobs/min",
                 "avg run", "oldest wait", "paused", "concurrency", "rate", "max size"]  # fmt: skip
@@ -116,8 +120,6 @@ class Command(BaseCommand):
         return "\n".join(lines)
 
     def do_list(self, queue=None, state=None, task=None, limit=20, **options: Any) -> None:  # noqa: ANN001
-        from ...console import list_jobs
-
         filters = {k: options.get(k) for k in ("priority", "trace", "partition")}
         for name in ("since", "until"):
             filters[name] = _moment(options.get(name), name)
@@ -138,8 +140,6 @@ class Command(BaseCommand):
         self.stdout.write(_table(head, body) if body else "No jobs match.")
 
     def do_show(self, job_id: str, **_: Any) -> None:
-        from ...console import job_detail
-
         found = job_detail(using=self.using, job_id=job_id)
         if found is None:
             raise CommandError(f"No job with id {job_id!r}.")
@@ -174,8 +174,6 @@ class Command(BaseCommand):
         self._each(job_ids, "cancel", "cancelled (a running job is told to stop)")
 
     def _each(self, job_ids: list[str], verb: str, done: str) -> None:
-        import django_jobs
-
         failed = []
         for job_id in job_ids:
             try:
@@ -197,8 +195,6 @@ class Command(BaseCommand):
         self.stdout.write(f"Queue {queue!r} resumed.")
 
     def _queue(self, name: str) -> Any:
-        import django_jobs
-
         try:
             return django_jobs.queue(name, backend=self.backend)
         except JobsError as exc:
@@ -207,13 +203,8 @@ class Command(BaseCommand):
     # -- retention --------------------------------------------------------------------------------
 
     def do_prune(self, max_seconds: float = 60.0, **_: Any) -> None:
-        from ...conf import get_settings
-        from ...services import Pruner
-
         if max_seconds <= 0:
             raise CommandError(f"--max-seconds must be > 0; got {max_seconds}.")
-        from django.utils.module_loading import autodiscover_modules
-
         autodiscover_modules("tasks")  # the tasks' own count limits, as a worker knows them
         settings = get_settings(self.backend)
         pruner = Pruner(using=self.using, settings=settings, interval=settings.PRUNE_INTERVAL, backend=self.backend)
@@ -246,8 +237,6 @@ def _duration(seconds: float) -> str:
 
 def _moment(value: str | None, name: str) -> Any:
     """An ISO 8601 time from the command line (naive: UTC), or a CommandError saying how."""
-    from datetime import UTC, datetime
-
     if value is None:
         return None
     try:

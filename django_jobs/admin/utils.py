@@ -1,0 +1,72 @@
+"""Helpers the admin modules share: the jobs' database, ids from URLs and forms, and the
+formatting of what the job pages show."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from ..conf import get_settings
+from ..states import JobState
+
+
+def database() -> str:
+    """The database alias of the job tables (``DJANGO_JOBS["DATABASE"]``)."""
+    return get_settings().DATABASE
+
+
+def parse_uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value).strip())
+    except ValueError:
+        return None
+
+
+def state_class(state: str) -> str:
+    """The CSS class suffix of a state's badge (``dj-state-<it>``)."""
+    return state if state in JobState.values else "unknown"
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def progress_percent(value: Any) -> float | None:
+    """A progress value as a percentage for the bar: a number 0..100, or a dict with
+    ``percent`` or ``current`` and ``total``; None for anything else."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if number(value) and 0 <= value <= 100:
+        return float(value)
+    if isinstance(value, dict):
+        if number(value.get("percent")) and 0 <= value["percent"] <= 100:
+            return float(value["percent"])
+        current, total = value.get("current"), value.get("total")
+        if number(current) and number(total) and total > 0:
+            return max(0.0, min(100.0, 100.0 * current / total))
+    return None
+
+
+def error_rows(errors: Any) -> list[dict[str, Any]]:
+    """Each failed attempt's error, newest first: class, message (the traceback's last line),
+    attempt, time and traceback."""
+    rows = []
+    for error in reversed(errors if isinstance(errors, list) else []):
+        if not isinstance(error, dict):
+            rows.append({"exception": "", "message": pretty(error), "attempt": None, "at": None, "traceback": ""})
+            continue
+        traceback = str(error.get("traceback") or "")
+        lines = [line for line in traceback.strip().splitlines() if line.strip()]
+        rows.append(
+            {
+                "exception": error.get("exception_class_path") or "",
+                "message": lines[-1] if lines else "",
+                "attempt": error.get("attempt"),
+                "at": error.get("at"),
+                "traceback": traceback,
+            }
+        )
+    return rows

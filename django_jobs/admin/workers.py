@@ -1,0 +1,46 @@
+"""Admin for workers: the live worker processes, read-only, with the jobs each runs now."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from ..models import Worker
+from .changelist import SafeChangeList
+from .utils import database
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    """Live workers, read-only, with the jobs each is running now."""
+
+    def get_changelist(self, request, **kwargs):
+        return SafeChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        return None if "\x00" in str(object_id) else super().get_object(request, object_id, from_field)
+
+    list_display = ("id", "hostname", "pid", "queues_display", "concurrency", "running", "started_at", "heartbeat_at")
+    readonly_fields = ("id", "backend", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).using(database()).with_running_jobs()
+
+    @admin.display(description="running jobs")
+    def running(self, worker):
+        return worker.running_jobs or 0
+
+    @admin.display(description="queues")
+    def queues_display(self, worker):
+        return ", ".join(worker.queues) if worker.queues else "all"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+__all__ = ["WorkerAdmin"]
