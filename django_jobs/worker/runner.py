@@ -43,7 +43,15 @@ from django.utils.crypto import get_random_string
 from .. import engine
 from ..conf import get_settings
 from ..db import is_transient
-from ..exceptions import ChildProcessDied, JobCancelled, JobsConfigurationError, JobsError, JobTimeout, WorkerCrashed
+from ..exceptions import (
+    ChildProcessDied,
+    InvalidWorkerOption,
+    JobCancelled,
+    JobsConfigurationError,
+    JobsError,
+    JobTimeout,
+    WorkerCrashed,
+)
 from ..models import Job
 from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
@@ -100,10 +108,6 @@ MAX_CONCURRENCY = 1000
 MAX_WAIT_SECONDS = 86400
 #: The length of a Worker row's id and of Job.worker_id.
 MAX_WORKER_ID_LENGTH = 200
-
-
-class InvalidWorkerOption(JobsError, ValueError):
-    """A worker option has an invalid value."""
 
 
 @dataclass
