@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,9 @@ from django_jobs.models import Job, JobDedup, JobDedupNext
 from django_jobs.services import DedupSweeper
 from django_jobs.states import JobState
 from django_jobs.testing import drain_queue, perform_job
-from tests import tasks_dedup
+from tests import factories, tasks_dedup
 from tests.conftest import ROOT, subprocess_env, wait_until
+from tests.factories import record
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)
@@ -74,13 +76,12 @@ def enqueue(
     )
 
 
-def claim(now=T0) -> list[engine.ClaimedJob]:
-    return engine.claim_jobs(using="default", queues=None, limit=100, worker_id="w1", lease_seconds=30, now=now)
+#: The factory on this module's clock: at ``T0`` unless ``now`` says otherwise.
+claim = partial(factories.claim, now=T0)
 
 
 def finish(job: engine.ClaimedJob, state: str = JobState.COMPLETED, now=T0) -> None:
-    outcome = engine.Outcome(job_id=job.id, lease_token=job.lease_token, state=state, return_value_json="null")
-    assert engine.record_outcomes([outcome], using="default", now=now) == {job.id: state}
+    assert record(job, state, now=now, return_value_json="null") == {job.id: state}
 
 
 def holder_of(key: str = "k", queue: str = "default") -> uuid.UUID:
