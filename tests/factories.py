@@ -111,7 +111,9 @@ def record(
     )
 
 
-def finish(claimed: engine.ClaimedJob, state: str = "completed", *, now: datetime | None = None, **outcome: Any) -> None:
+def finish(
+    claimed: engine.ClaimedJob, state: str = "completed", *, now: datetime | None = None, **outcome: Any
+) -> None:
     """:func:`record` one outcome and assert it was written."""
     written = record(claimed, state, now=now, **outcome)
     assert claimed.id in written, f"the {state} outcome of {claimed.id} was not written"
