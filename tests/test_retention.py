@@ -651,9 +651,7 @@ def test_manage_py_jobs_prune_runs_the_pruner_once_and_says_what_it_deleted():
     Metric.objects.create(queue="r-cmd-old", minute=timezone.now() - timedelta(days=30), completed=1)
     out = io.StringIO()
     call_command("jobs", "prune", stdout=out)
-    assert out.getvalue().strip() == (
-        "Deleted 3 expired job(s), 0 over a count limit, 0 event(s) and 1 metric row(s)."
-    )
+    assert out.getvalue().strip() == ("Deleted 3 expired job(s), 0 over a count limit, 0 event(s) and 1 metric row(s).")
     assert not Job.objects.filter(queue="r-cmd").exists()
 
 

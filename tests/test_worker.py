@@ -17,7 +17,6 @@ from django.db import transaction
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
-from django_jobs import engine
 from django_jobs.backend import JobsBackend
 from django_jobs.exceptions import InvalidQueueName
 from django_jobs.models import Job
@@ -25,7 +24,7 @@ from django_jobs.models import Worker as WorkerRow
 from django_jobs.worker import InvalidWorkerOption, Worker
 from tests import tasks
 from tests.conftest import wait_until
-from tests.factories import count_states, jobs_settings
+from tests.factories import count_states, insert_job, jobs_settings
 from tests.tasks import read_records
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -285,20 +284,7 @@ def test_non_json_return_value_is_a_recorded_failure(thread_worker):
 
 
 def test_job_whose_task_path_does_not_resolve_fails_and_the_worker_goes_on(thread_worker, probe):
-    bad = [
-        engine.insert_job(
-            using="default",
-            backend="default",
-            task_path=path,
-            queue="default",
-            priority=0,
-            args=[],
-            kwargs={},
-            max_attempts=3,
-            options={},
-        ).id
-        for path in ("tests.tasks.not_a_task", "nope.missing")
-    ]
+    bad = [insert_job(task_path=path, max_attempts=3).id for path in ("tests.tasks.not_a_task", "nope.missing")]
     good = [tasks.mark.enqueue(probe, f"g{i}").id for i in range(5)]
 
     worker = thread_worker(concurrency=2)
