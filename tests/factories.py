@@ -61,7 +61,7 @@ def count_states(ids: Iterable[Any]) -> Counter:
 
 
 def insert_job(**fields: Any) -> Job:
-    """``engine.insert_job`` of a one-attempt ``tests.tasks.noop`` job on queue "default", unless ``fields`` say otherwise."""
+    """``engine.insert_job`` of a one-attempt tests.tasks.noop job on queue "default", or as ``fields`` say."""
     values: dict[str, Any] = {
         "using": "default", "backend": "default", "task_path": "tests.tasks.noop", "queue": "default", "priority": 0,
         "args": [], "kwargs": {}, "max_attempts": 1, "options": {},
@@ -103,7 +103,7 @@ def claim_gated(
 def record(
     claimed: engine.ClaimedJob, state: str = "completed", *, now: datetime | None = None, **outcome: Any
 ) -> dict[uuid.UUID, str]:
-    """``engine.record_outcomes`` of one attempt's outcome (``state`` and ``outcome``'s fields); returns what it wrote."""
+    """``engine.record_outcomes`` of one attempt's outcome (``state``, ``outcome``'s fields); what it wrote."""
     return engine.record_outcomes(
         [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state=state, **outcome)],
         using="default",
@@ -173,6 +173,21 @@ def pg_session(dbname: str | None = None) -> Any:
         host=params.get("host"), port=params.get("port"), user=params.get("user"),
         password=params.get("password") or None, dbname=dbname or connections["default"].settings_dict["NAME"],
     )  # fmt: skip
+
+
+def lock_waiters(conn: Any = None, *, query_like: str | None = None) -> int:
+    """PostgreSQL: how many other sessions of the test database wait for a lock (running a query
+    ``LIKE query_like``), read on ``conn`` (default: the test's connection)."""
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND pid <> pg_backend_pid()"
+    )
+    with (conn or connection).cursor() as cursor:
+        if query_like is None:
+            cursor.execute(sql)
+        else:
+            cursor.execute(sql + " AND query LIKE %s", [query_like])
+        return cursor.fetchone()[0]
 
 
 # -- probes, threads and processes ---------------------------------------------------------------

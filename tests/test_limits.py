@@ -30,7 +30,7 @@ from django_jobs.models.dedup import JobDedup, JobDedupNext
 from django_jobs.queues import InvalidQueueSetting, QueueLimits, sync_queues
 from tests import factories, tasks_limits
 from tests.conftest import read_log, wait_until
-from tests.factories import jobs_settings, race, race_scripts
+from tests.factories import jobs_settings, lock_waiters, race, race_scripts
 from tests.tasks import read_records
 
 UNFINISHED = ["waiting", "delayed", "active", "waiting-children"]
@@ -96,17 +96,8 @@ def wait_until_blocked(thread: threading.Thread) -> None:
     SQLite's busy wait cannot be seen, so there the thread gets half a second to reach it."""
     if connection.vendor == "postgresql":
         other = connection.copy()
-
-        def lock_waiters() -> int:
-            with other.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-                return cursor.fetchone()[0]
-
         try:
-            wait_until(lock_waiters, timeout=15, message="the other thread to wait for the lock")
+            wait_until(lambda: lock_waiters(other), timeout=15, message="the other thread to wait for the lock")
         finally:
             other.close()
     else:

@@ -23,7 +23,7 @@ from django_jobs.models import Event, Job
 from django_jobs.testing import drain_queue
 from tests import tasks_console
 from tests.conftest import wait_until
-from tests.factories import enqueue_and_drain, jobs_settings, pg_session, prune, settled
+from tests.factories import enqueue_and_drain, jobs_settings, lock_waiters, pg_session, prune, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -259,13 +259,7 @@ def test_the_pruner_and_a_flow_childs_outcome_do_not_deadlock():
     p.start()
 
     def pruner_blocked() -> bool:
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query LIKE %s",
-                ["UPDATE django_jobs_job SET parent_id = NULL%"],
-            )
-            return cursor.fetchone()[0] > 0
+        return lock_waiters(query_like="UPDATE django_jobs_job SET parent_id = NULL%") > 0
 
     # The pruner either leaves the parent alone (its child is unfinished) or waits for the row.
     wait_until(lambda: not p.is_alive() or pruner_blocked(), timeout=10, message="the pruner done or waiting")
