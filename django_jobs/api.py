@@ -10,11 +10,7 @@ from django.db import transaction
 from django.tasks import TaskResult, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
 
-from .exceptions import JobsError
-
-
-class JobNotRetryable(JobsError):
-    """Only failed or cancelled jobs can be retried."""
+from .exceptions import JobNotRetryable
 
 
 def _job_id(result_id: Any) -> uuid.UUID:

@@ -25,16 +25,12 @@ from typing import Any
 from django.db import connections
 
 from .drivers import driver
-from .exceptions import JobsError
+from .exceptions import InvalidEventCursor
 
 __all__ = ["EventPage", "InvalidEventCursor", "events", "follow_events"]
 
 _CURSOR_RE = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
 MAX_LIMIT = 10_000
-
-
-class InvalidEventCursor(JobsError, ValueError):
-    """An event cursor is malformed: pass the ``cursor`` of an earlier page, ``"latest"`` or None."""
 
 
 @dataclass(frozen=True)

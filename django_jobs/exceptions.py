@@ -56,6 +56,22 @@ class JobsConfigurationError(JobsError, ImproperlyConfigured):
     """django-jobs is misconfigured; run `manage.py check` for details."""
 
 
+class InvalidWorkerOption(JobsError, ValueError):
+    """A worker option has an invalid value."""
+
+
+class InvalidRetention(JobsError, ValueError):
+    """A retention policy is malformed."""
+
+
+class InvalidSchedule(JobsError, ValueError):
+    """The schedule is invalid; nothing was saved."""
+
+
+class InvalidEventCursor(JobsError, ValueError):
+    """An event cursor is malformed: pass the ``cursor`` of an earlier page, ``"latest"`` or None."""
+
+
 class TaskNotFound(JobsError):
     """The job's task path does not resolve to a Task instance; was the task renamed or removed?"""
 
@@ -82,6 +98,10 @@ class JobTimeout(JobsError):
 
 class JobCancelled(JobsError):
     """The job was cancelled while it ran (``django_jobs.cancel``)."""
+
+
+class JobNotRetryable(JobsError):
+    """Only failed or cancelled jobs can be retried."""
 
 
 class ChildProcessDied(JobsError):
@@ -120,6 +140,14 @@ class QueueFull(JobsError):
                 f"django_jobs.queue({queue!r}).set_{'partition_' if partition is not None else ''}max_size(...)."
             )
         super().__init__(message)
+
+
+class QueueBusy(JobsError):
+    """The queue has running jobs; pass force=True to remove them anyway."""
+
+
+class InvalidQueueSetting(JobsError, ValueError):
+    """A queue limit has an invalid value."""
 
 
 class DatabaseUnavailable(JobsError):

@@ -16,19 +16,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from .exceptions import JobsConfigurationError, JobsError
+from .exceptions import InvalidQueueSetting, JobsConfigurationError, JobsError, QueueBusy
 
 __all__ = ["InvalidQueueSetting", "QueueBusy", "QueueControl", "QueueLimits", "queue", "sync_queues"]
 
 CLEANABLE_STATES = ("completed", "failed", "cancelled")
-
-
-class QueueBusy(JobsError):
-    """The queue has running jobs; pass force=True to remove them anyway."""
-
-
-class InvalidQueueSetting(JobsError, ValueError):
-    """A queue limit has an invalid value."""
 
 
 @dataclass(frozen=True)

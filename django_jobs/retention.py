@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from .exceptions import JobsError
+from .exceptions import InvalidRetention
 
 __all__ = [
     "DEFAULT_AGE", "InvalidRetention", "Policy", "count_limits", "policy_for", "purge_at", "queue_policies",
@@ -28,10 +28,6 @@ __all__ = [
 #: Seconds a finished job is kept when nothing says otherwise: a day of history.
 DEFAULT_AGE = 86_400.0
 STATES = ("completed", "failed", "cancelled")
-
-
-class InvalidRetention(JobsError, ValueError):
-    """A retention policy is malformed."""
 
 
 @dataclass(frozen=True)

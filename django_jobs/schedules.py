@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.utils import timezone as dj_timezone
 
-from .exceptions import JobsError
+from .exceptions import InvalidSchedule, JobsError
 
 __all__ = ["InvalidSchedule", "next_runs", "run_now", "schedule", "sync_schedules", "unschedule"]
 
@@ -35,10 +35,6 @@ SPEC_KEYS = frozenset(
 CATCH_UPS = ("latest", "all", "none")
 #: Most ticks one run of the scheduler fires for one schedule (catch_up="all" after downtime).
 MAX_TICKS_PER_RUN = 1000
-
-
-class InvalidSchedule(JobsError, ValueError):
-    """The schedule is invalid; nothing was saved."""
 
 
 # -- validation ----------------------------------------------------------------------------------

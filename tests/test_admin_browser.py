@@ -30,6 +30,7 @@ from django_jobs.testing import drain_queue
 from tests import browser as browser_fixtures
 from tests import tasks
 from tests.browser import PASSWORD, login, screenshot
+from tests.factories import job_page, queue_page, state_of
 
 # The fixtures of tests/browser.py: one Chromium and one live server for the module, a page per test.
 browser = browser_fixtures.browser
@@ -62,14 +63,6 @@ def logs_then_fails(context, text: str):
 # -- data, made by the engine ---------------------------------------------------------------------
 
 
-def queue_page(name: str) -> str:
-    return f"/admin/django_jobs/queuestate/{name}/dashboard/"
-
-
-def job_page(job_id) -> str:
-    return f"/admin/django_jobs/job/{job_id}/change/"
-
-
 def ids(results) -> list[str]:
     return [str(r.id) for r in results]
 
@@ -97,10 +90,6 @@ def seed() -> dict[str, list[str]]:
         Metric.objects.create(queue="emails", minute=now - timedelta(minutes=ago), completed=ago % 11, failed=ago % 2)
     assert {state_of(i) for i in done} == {"completed"} and {state_of(i) for i in failed} == {"failed"}
     return {"done": done, "failed": failed, "waiting": waiting, "delayed": delayed, "reports": reports}
-
-
-def state_of(job_id) -> str:
-    return Job.objects.get(pk=job_id).state
 
 
 def superuser(page) -> User:

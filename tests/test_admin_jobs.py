@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib import admin
 from django.contrib.admin.models import DELETION, LogEntry
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.tasks import task
 from django.test import Client
@@ -22,7 +21,8 @@ from django_jobs import engine, schedules
 from django_jobs.admin import jobs as jobs_admin
 from django_jobs.models import Event, Job, Schedule
 from django_jobs.testing import drain_queue
-from tests import tasks
+from tests import factories, tasks
+from tests.factories import get_page, insert_job, listed, staff_client, state_of, superuser_client
 
 CHANGELIST = "/admin/django_jobs/job/"
 XSS = "<script>alert(1)</script>"
@@ -52,31 +52,20 @@ def logs_lines(context, n: int):
 
 
 def page(client: Client, url: str = CHANGELIST, **params) -> str:
-    response = client.get(url, params)
-    assert response.status_code == 200, (response.status_code, response.get("Location"))
-    return response.content.decode()
-
-
-def listed(body: str) -> set[str]:
-    """The job ids of a changelist page (its row checkboxes)."""
-    return set(re.findall(r'name="_selected_action" value="([0-9a-f-]{36})"', body))
-
-
-def state(job) -> str:
-    return Job.objects.get(pk=job.id if hasattr(job, "id") else job).state
+    return get_page(client, url, params)
 
 
 def failed_job(message: str = "boom"):
     result = tasks.always_fails.enqueue(message)
     drain_queue()
-    assert state(result) == "failed"
+    assert state_of(result) == "failed"
     return result
 
 
 def completed_job():
     result = tasks.add.enqueue(1, 2)
     drain_queue()
-    assert state(result) == "completed"
+    assert state_of(result) == "completed"
     return result
 
 
@@ -94,16 +83,6 @@ def messages_of(response) -> list[str]:
     return [str(m) for m in response.wsgi_request._messages._queued_messages]
 
 
-def staff_client(*codenames: str, name: str = "staff") -> Client:
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    perms = list(Permission.objects.filter(content_type__app_label="django_jobs", codename__in=codenames))
-    assert len(perms) == len(codenames), "every permission exists"
-    user.user_permissions.set(perms)
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def job_queries(ctx) -> list[str]:
     return [q["sql"] for q in ctx.captured_queries if "django_jobs_job" in q["sql"]]
 
@@ -115,8 +94,7 @@ def job_queries(ctx) -> list[str]:
 def test_changelist_lists_jobs_newest_first_with_state_badges():
     first = tasks.noop.enqueue()
     second = tasks.add.using(queue_name="emails", priority=5).enqueue(1, 2)
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw"))
+    client = superuser_client()
     body = page(client)
     assert body.index(second.id) < body.index(first.id), "newest first"
     assert '<span class="dj-state dj-state-waiting">waiting</span>' in body
@@ -300,10 +278,7 @@ def test_pages_link_to_the_next_and_previous_page_without_a_total(admin_client, 
 
 @pytest.mark.django_db
 def test_changelist_escapes_task_paths_and_queues(admin_client):
-    engine.insert_job(
-        using="default", backend="default", task_path=f"tests.{XSS}", queue="q", priority=0,
-        args=[XSS], kwargs={}, max_attempts=1, options={},
-    )  # fmt: skip
+    insert_job(task_path=f"tests.{XSS}", queue="q", args=[XSS])
     body = page(admin_client)
     assert "<script>alert(1)</script>" not in body
     assert XSS_ESCAPED in body
@@ -323,7 +298,7 @@ def test_retry_action_requeues_the_selected_failed_jobs_only(admin_client):
     done = completed_job()
     response = act(admin_client, "retry_jobs", [a, b, done])
     assert response.status_code == 302
-    assert (state(a), state(b), state(other), state(done)) == ("waiting", "waiting", "failed", "completed")
+    assert (state_of(a), state_of(b), state_of(other), state_of(done)) == ("waiting", "waiting", "failed", "completed")
     assert messages_of(response) == ["Retried 2 jobs; 1 was not failed or cancelled and was left as it is."]
 
 
@@ -334,12 +309,12 @@ def test_actions_on_every_filtered_job_walk_it_in_batches(admin_client, monkeypa
     elsewhere = [tasks.noop.enqueue() for _ in range(2)]
     response = act(admin_client, "cancel_jobs", in_queue[:1], query="?queue=bulk", across=True)
     assert response.status_code == 302
-    assert [state(j) for j in in_queue] == ["cancelled"] * 5
-    assert [state(j) for j in elsewhere] == ["waiting"] * 2, "only the filtered jobs"
+    assert [state_of(j) for j in in_queue] == ["cancelled"] * 5
+    assert [state_of(j) for j in elsewhere] == ["waiting"] * 2, "only the filtered jobs"
     assert messages_of(response) == ["Cancelled 5 jobs."]
 
     response = act(admin_client, "retry_jobs", in_queue[:1], query="?queue=bulk&state=cancelled", across=True)
-    assert [state(j) for j in in_queue] == ["waiting"] * 5
+    assert [state_of(j) for j in in_queue] == ["waiting"] * 5
     assert messages_of(response) == ["Retried 5 jobs."]
 
     response = act(admin_client, "delete_jobs", in_queue[:1], query="?queue=bulk", across=True)
@@ -353,7 +328,7 @@ def test_select_across_honours_the_search_too(admin_client):
     keep = tasks.noop.enqueue()
     hit = tasks.add.enqueue(1, 2)
     act(admin_client, "cancel_jobs", [hit], query="?q=tasks.add", across=True)
-    assert (state(hit), state(keep)) == ("cancelled", "waiting")
+    assert (state_of(hit), state_of(keep)) == ("cancelled", "waiting")
 
 
 @pytest.mark.django_db
@@ -361,7 +336,7 @@ def test_cancel_action_leaves_finished_jobs_and_says_so(admin_client):
     done = completed_job()
     waiting = tasks.noop.enqueue()
     response = act(admin_client, "cancel_jobs", [waiting, done])
-    assert (state(waiting), state(done)) == ("cancelled", "completed")
+    assert (state_of(waiting), state_of(done)) == ("cancelled", "completed")
     assert messages_of(response) == ["Cancelled 1 job; 1 was already finished or asked to stop and was left as it is."]
 
 
@@ -371,11 +346,11 @@ def test_run_now_action_makes_delayed_jobs_ready(admin_client):
     waiting = tasks.noop.enqueue()
     untouched = tasks.noop.using(run_after=timedelta(hours=2)).enqueue()
     response = act(admin_client, "run_jobs_now", [*later, waiting])
-    assert [state(j) for j in later] == ["waiting", "waiting"]
-    assert state(untouched) == "delayed" and state(waiting) == "waiting"
+    assert [state_of(j) for j in later] == ["waiting", "waiting"]
+    assert state_of(untouched) == "delayed" and state_of(waiting) == "waiting"
     assert messages_of(response) == ["2 jobs will run now; 1 was not delayed and was left as it is."]
     act(admin_client, "run_jobs_now", [untouched], query="?state=delayed", across=True)
-    assert state(untouched) == "waiting"
+    assert state_of(untouched) == "waiting"
 
 
 @pytest.mark.django_db
@@ -397,7 +372,7 @@ def test_a_malformed_id_in_the_selection_is_a_400(admin_client):
     job = tasks.noop.enqueue()
     response = act(admin_client, "cancel_jobs", [job.id, "not-a-uuid"])
     assert response.status_code == 400
-    assert state(job) == "waiting"
+    assert state_of(job) == "waiting"
 
 
 # -- permissions and CSRF -----------------------------------------------------------------------
@@ -433,13 +408,13 @@ def test_a_forged_action_post_is_403_and_changes_nothing():
     for action, job in (("cancel_jobs", waiting), ("delete_jobs", waiting), ("run_jobs_now", waiting)):
         response = act(retrier, action, [job])
         assert response.status_code == 403, action
-    assert state(waiting) == "waiting"
+    assert state_of(waiting) == "waiting"
     assert act(retrier, "retry_jobs", [failed]).status_code == 302
-    assert state(failed) == "waiting", "the permitted one works"
+    assert state_of(failed) == "waiting", "the permitted one works"
     assert act(retrier, "delete_selected", [waiting]).status_code == 302, "Django's own: no action taken"
     viewer = staff_client("view_job", name="viewer")
     assert act(viewer, "cancel_jobs", [waiting], query="?queue=default", across=True).status_code == 403
-    assert state(waiting) == "waiting"
+    assert state_of(waiting) == "waiting"
 
 
 @pytest.mark.django_db
@@ -451,13 +426,13 @@ def test_a_forged_post_to_a_job_button_is_403_and_changes_nothing():
     assert viewer.post(f"{CHANGELIST}{waiting.id}/cancel/").status_code == 403
     assert viewer.post(f"{CHANGELIST}{waiting.id}/delete/").status_code == 403
     assert viewer.post(f"{CHANGELIST}{delayed.id}/run-now/").status_code == 403
-    assert (state(waiting), state(delayed)) == ("waiting", "delayed")
+    assert (state_of(waiting), state_of(delayed)) == ("waiting", "delayed")
     nobody = staff_client(name="nobody")
     assert nobody.post(f"{CHANGELIST}{failed.id}/retry/").status_code == 403
     assert nobody.get(f"{CHANGELIST}{failed.id}/change/").status_code == 403
-    assert state(failed) == "failed"
+    assert state_of(failed) == "failed"
     assert viewer.post(f"{CHANGELIST}{failed.id}/retry/").status_code == 302
-    assert state(failed) == "waiting"
+    assert state_of(failed) == "waiting"
 
 
 @pytest.mark.django_db
@@ -468,7 +443,7 @@ def test_csrf_is_enforced_on_buttons_and_actions(admin_user):
     assert client.post(f"{CHANGELIST}{waiting.id}/cancel/").status_code == 403
     data = {"action": "cancel_jobs", "index": "0", "_selected_action": [waiting.id]}
     assert client.post(CHANGELIST, data).status_code == 403
-    assert state(waiting) == "waiting"
+    assert state_of(waiting) == "waiting"
     body = page(client, f"{CHANGELIST}{waiting.id}/change/")
     form = re.search(
         r'<form method="post" action="([^"]+/cancel/)">.*?name="csrfmiddlewaretoken" value="([^"]+)"', body, re.S
@@ -476,7 +451,7 @@ def test_csrf_is_enforced_on_buttons_and_actions(admin_user):
     assert form, "the cancel button is a POST form with a CSRF token"
     response = client.post(form.group(1), {"csrfmiddlewaretoken": form.group(2)})
     assert response.status_code == 302
-    assert state(waiting) == "cancelled"
+    assert state_of(waiting) == "cancelled"
 
 
 # -- the job page -------------------------------------------------------------------------------
@@ -557,15 +532,15 @@ def test_job_buttons_act_through_the_engine_and_come_back(admin_client):
     url = f"{CHANGELIST}{waiting.id}/cancel/"
     response = admin_client.post(url)
     assert response.status_code == 302 and response["Location"] == f"{CHANGELIST}{waiting.id}/change/"
-    assert state(waiting) == "cancelled"
+    assert state_of(waiting) == "cancelled"
     assert messages_of(response) == [f"Job {waiting.id} was cancelled."]
     response = admin_client.post(f"{CHANGELIST}{waiting.id}/cancel/")
     assert messages_of(response) == [f"Job {waiting.id} was not cancelled: it is cancelled."]
     admin_client.post(f"{CHANGELIST}{waiting.id}/retry/")
-    assert state(waiting) == "waiting"
+    assert state_of(waiting) == "waiting"
     delayed = tasks.noop.using(run_after=timedelta(hours=1)).enqueue()
     admin_client.post(f"{CHANGELIST}{delayed.id}/run-now/")
-    assert state(delayed) == "waiting"
+    assert state_of(delayed) == "waiting"
     response = admin_client.post(f"{CHANGELIST}{delayed.id}/delete/")
     assert response["Location"] == CHANGELIST and not Job.objects.filter(pk=delayed.id).exists()
     history = page(admin_client, f"{CHANGELIST}{waiting.id}/history/")
@@ -581,7 +556,7 @@ def test_unknown_and_malformed_job_ids_are_404(admin_client):
     assert admin_client.post(f"{CHANGELIST}%3Cscript%3E/cancel/").status_code == 404
     job = tasks.noop.enqueue()
     assert admin_client.get(f"{CHANGELIST}{job.id}/cancel/").status_code == 405, "buttons only POST"
-    assert state(job) == "waiting"
+    assert state_of(job) == "waiting"
     assert admin_client.get(f"{CHANGELIST}{job.id}/history/").status_code == 200
 
 
@@ -592,14 +567,8 @@ SCHEDULES = "/admin/django_jobs/schedule/"
 
 
 def schedule_form(**fields) -> dict:
-    data = {
-        "backend": "default", "name": "nightly", "enabled": "on", "task_path": "tests.tasks.add",
-        "args": "[1, 2]", "kwargs": "{}", "queue": "", "priority": "", "options": "{}", "cron": "",
-        "every_seconds": "", "offset_seconds": "0", "timezone": "UTC", "start_at_0": "", "start_at_1": "",
-        "end_at_0": "", "end_at_1": "", "limit": "", "catch_up": "latest",
-    }  # fmt: skip
-    data.update(fields)
-    return data
+    """The schedule form of "nightly", tests.tasks.add(1, 2), with ``fields`` set."""
+    return factories.schedule_form(**{"name": "nightly", "task_path": "tests.tasks.add", "args": "[1, 2]", **fields})
 
 
 def runs(body: str) -> list[str]:

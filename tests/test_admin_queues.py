@@ -9,7 +9,6 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -23,16 +22,9 @@ from django_jobs.queues import QueueLimits
 from django_jobs.testing import drain_queue
 from tests import tasks
 from tests.conftest import wait_until
+from tests.factories import queue_action, queue_page, staff_user
 
 OVERVIEW = "/admin/django_jobs/queuestate/"
-
-
-def page(name: str) -> str:
-    return f"/admin/django_jobs/queuestate/{name}/dashboard/"
-
-
-def action(name: str, verb: str) -> str:
-    return f"/admin/django_jobs/queuestate/{name}/dashboard/{verb}/"
 
 
 def minute(ago: int) -> timezone.datetime:
@@ -53,14 +45,6 @@ def same_minute() -> None:
 
 def enqueue(queue: str, n: int = 1, **options) -> list[str]:
     return [tasks.noop.using(queue_name=queue, **options).enqueue().id for _ in range(n)]
-
-
-def staff(client: Client, *perms: str, username: str = "operator") -> User:
-    """Log ``client`` in as a staff user holding exactly ``perms`` (codenames of django_jobs)."""
-    user = User.objects.create_user(username=username, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_jobs", codename__in=perms))
-    client.force_login(user)
-    return user
 
 
 def text(fragment: str) -> str:
@@ -142,7 +126,7 @@ def test_overview_lists_each_queue_with_unfinished_counts_metrics_and_limits(adm
         "max-size": "100",
     }
     assert cell(emails, "data-figure", "oldest-waiting").endswith(" s"), "two jobs wait"
-    assert f'href="{page("emails")}"' in emails
+    assert f'href="{queue_page("emails")}"' in emails
     assert 'href="/admin/django_jobs/job/?queue=emails&amp;state=waiting"' in emails
     assert 'href="/admin/django_jobs/job/?queue=emails&amp;state=failed"' in emails
 
@@ -302,7 +286,7 @@ def test_queue_page_shows_counts_tasks_chart_limits_and_controls(admin_client):
     django_jobs.queue("emails").configure(concurrency=2, rate_limit=(5, 10.0))
     metric("emails", 2, completed=4, failed=1, runtime_ms=2500)
     metric("other", 2, completed=50)
-    response = admin_client.get(page("emails"))
+    response = admin_client.get(queue_page("emails"))
     assert response.status_code == 200
     body = response.content.decode()
     figures = row(body, "data-queue", "emails")
@@ -318,8 +302,8 @@ def test_queue_page_shows_counts_tasks_chart_limits_and_controls(admin_client):
     assert 'aria-label="Jobs of queue emails finished per minute, last hour: 4 completed, 1 failed"' in body
     assert cell(body, "data-figure", "rate-limit") == "5 / 10 s" and cell(body, "data-figure", "concurrency") == "2"
     for verb in ("pause", "limits"):
-        assert f'action="{action("emails", verb)}"' in body
-    assert f'href="{action("emails", "drain")}"' in body and f'action="{action("emails", "clean")}"' in body
+        assert f'action="{queue_action("emails", verb)}"' in body
+    assert f'href="{queue_action("emails", "drain")}"' in body and f'action="{queue_action("emails", "clean")}"' in body
     assert 'value="2"' in body and 'value="10.0"' in body, "the limits form holds the current values"
     assert 'href="/admin/django_jobs/queuestate/emails/change/"' in body
 
@@ -327,31 +311,31 @@ def test_queue_page_shows_counts_tasks_chart_limits_and_controls(admin_client):
 @pytest.mark.django_db
 def test_queue_page_is_a_404_for_an_unknown_or_impossible_queue(admin_client):
     enqueue("emails")
-    assert admin_client.get(page("nope")).status_code == 404
-    assert admin_client.get(page("%3Cscript%3E")).status_code == 404
-    assert admin_client.get(action("nope", "pause")).status_code == 404
-    assert admin_client.post(action("nope", "pause")).status_code == 404
+    assert admin_client.get(queue_page("nope")).status_code == 404
+    assert admin_client.get(queue_page("%3Cscript%3E")).status_code == 404
+    assert admin_client.get(queue_action("nope", "pause")).status_code == 404
+    assert admin_client.post(queue_action("nope", "pause")).status_code == 404
     assert not QueueState.objects.filter(name="nope").exists()
-    assert admin_client.post(action("emails", "explode")).status_code == 404
+    assert admin_client.post(queue_action("emails", "explode")).status_code == 404
     enqueue("old")
     drain_queue("old")
     Metric.objects.filter(queue="old").delete()
     Job.objects.filter(queue="old").update(finished_at=timezone.now() - timedelta(days=30))
-    assert admin_client.get(page("old")).status_code == 200, "a queue with only finished jobs can be cleaned"
+    assert admin_client.get(queue_page("old")).status_code == 200, "a queue with only finished jobs can be cleaned"
 
 
 @pytest.mark.django_db
 def test_pause_and_resume_post_from_the_page_and_get_is_not_allowed(admin_client):
     enqueue("emails")
-    response = admin_client.get(action("emails", "pause"))
+    response = admin_client.get(queue_action("emails", "pause"))
     assert response.status_code == 405 and not django_jobs.queue("emails").is_paused
-    response = admin_client.post(action("emails", "pause"), follow=True)
-    assert response.redirect_chain == [(page("emails"), 302)]
+    response = admin_client.post(queue_action("emails", "pause"), follow=True)
+    assert response.redirect_chain == [(queue_page("emails"), 302)]
     assert django_jobs.queue("emails").is_paused
     body = response.content.decode()
     assert "Queue “emails” paused" in body and 'id="jobs-paused"' in body
-    assert f'action="{action("emails", "resume")}"' in body
-    response = admin_client.post(action("emails", "resume"), follow=True)
+    assert f'action="{queue_action("emails", "resume")}"' in body
+    response = admin_client.post(queue_action("emails", "resume"), follow=True)
     assert not django_jobs.queue("emails").is_paused and "Queue “emails” resumed." in response.content.decode()
 
 
@@ -359,14 +343,14 @@ def test_pause_and_resume_post_from_the_page_and_get_is_not_allowed(admin_client
 def test_limits_form_saves_through_the_engine(admin_client):
     enqueue("emails")
     form = {"concurrency_limit": "4", "rate_limit": "10", "rate_window_seconds": "2.5", "max_size": "500"}
-    response = admin_client.post(action("emails", "limits"), form, follow=True)
-    assert response.redirect_chain == [(page("emails"), 302)]
+    response = admin_client.post(queue_action("emails", "limits"), form, follow=True)
+    assert response.redirect_chain == [(queue_page("emails"), 302)]
     assert django_jobs.queue("emails").limits == QueueLimits(concurrency=4, rate_limit=(10, 2.5), max_size=500)
     assert "Limits of queue “emails” saved: concurrency 4, rate 10 per 2.5 s, max size 500." in text(
         response.content.decode()
     )
     empty = {"concurrency_limit": "", "rate_limit": "", "rate_window_seconds": "", "max_size": ""}
-    admin_client.post(action("emails", "limits"), empty)
+    admin_client.post(queue_action("emails", "limits"), empty)
     assert django_jobs.queue("emails").limits == QueueLimits()
 
 
@@ -387,7 +371,7 @@ def test_invalid_limits_rerender_the_page_with_errors_and_save_nothing(admin_cli
     enqueue("emails")
     django_jobs.queue("emails").set_concurrency(7)
     form = {"concurrency_limit": "", "rate_limit": "", "rate_window_seconds": "", "max_size": "", **changes}
-    response = admin_client.post(action("emails", "limits"), form)
+    response = admin_client.post(queue_action("emails", "limits"), form)
     assert response.status_code == 200
     body = response.content.decode()
     assert message in body and 'class="errorlist' in body
@@ -407,7 +391,7 @@ def test_clean_confirms_with_a_count_then_deletes_old_finished_jobs_of_the_state
     drain_queue("other")
     Job.objects.filter(id__in=other).update(finished_at=timezone.now() - timedelta(hours=5))
 
-    response = admin_client.get(action("emails", "clean"), {"state": "completed", "older_than_hours": "2"})
+    response = admin_client.get(queue_action("emails", "clean"), {"state": "completed", "older_than_hours": "2"})
     assert response.status_code == 200
     body = response.content.decode()
     summary = text(re.search(r'id="jobs-confirm-summary">(.*?)</p>', body, re.S).group(1))
@@ -416,9 +400,9 @@ def test_clean_confirms_with_a_count_then_deletes_old_finished_jobs_of_the_state
     assert Job.objects.filter(id__in=old_done).count() == 3, "a GET deletes nothing"
 
     response = admin_client.post(
-        action("emails", "clean"), {"state": "completed", "older_than_hours": "2"}, follow=True
+        queue_action("emails", "clean"), {"state": "completed", "older_than_hours": "2"}, follow=True
     )
-    assert response.redirect_chain == [(page("emails"), 302)]
+    assert response.redirect_chain == [(queue_page("emails"), 302)]
     assert "Deleted 3 completed job(s) of queue “emails”" in response.content.decode()
     assert not Job.objects.filter(id__in=old_done).exists()
     assert Job.objects.filter(id__in=recent).exists(), "finished less than 2 hours ago"
@@ -434,10 +418,10 @@ def test_clean_works_in_bounded_batches_and_says_when_more_remain(admin_client, 
     monkeypatch.setattr(QueueStateAdmin, "clean_batch_size", 2)
     monkeypatch.setattr(QueueStateAdmin, "clean_max_batches", 2)
     form = {"state": "completed", "older_than_hours": "0"}
-    response = admin_client.post(action("emails", "clean"), form, follow=True)
+    response = admin_client.post(queue_action("emails", "clean"), form, follow=True)
     assert Job.objects.filter(queue="emails").count() == 1
     assert "Deleted 4 completed job(s)" in response.content.decode() and "More remain" in response.content.decode()
-    response = admin_client.post(action("emails", "clean"), form, follow=True)
+    response = admin_client.post(queue_action("emails", "clean"), form, follow=True)
     assert not Job.objects.filter(queue="emails").exists() and "More remain" not in response.content.decode()
 
 
@@ -457,10 +441,10 @@ def test_clean_with_bad_input_shows_errors_and_deletes_nothing(admin_client, par
     enqueue("emails", 2)
     drain_queue("emails")
     Job.objects.update(finished_at=timezone.now() - timedelta(days=3))
-    response = admin_client.get(action("emails", "clean"), params)
+    response = admin_client.get(queue_action("emails", "clean"), params)
     assert response.status_code == 200 and 'class="errorlist' in response.content.decode()
     assert "jobs-confirm-summary" not in response.content.decode()
-    response = admin_client.post(action("emails", "clean"), params)
+    response = admin_client.post(queue_action("emails", "clean"), params)
     assert response.status_code == 200 and 'class="errorlist' in response.content.decode()
     assert Job.objects.filter(queue="emails").count() == 2
 
@@ -477,13 +461,13 @@ def test_drain_confirms_with_counts_then_deletes_waiting_and_delayed_jobs_only(a
     )
     assert [str(c.id) for c in claimed] == [active]
     elsewhere = enqueue("elsewhere")
-    response = admin_client.get(action("emails", "drain"))
+    response = admin_client.get(queue_action("emails", "drain"))
     assert response.status_code == 200
     summary = text(re.search(r'id="jobs-confirm-summary">(.*?)</p>', response.content.decode(), re.S).group(1))
     assert summary.startswith("This deletes the 2 waiting and 1 delayed job(s) of queue “emails”")
     assert Job.objects.filter(id__in=waiting + delayed).count() == 3, "a GET deletes nothing"
-    response = admin_client.post(action("emails", "drain"), follow=True)
-    assert response.redirect_chain == [(page("emails"), 302)]
+    response = admin_client.post(queue_action("emails", "drain"), follow=True)
+    assert response.redirect_chain == [(queue_page("emails"), 302)]
     assert "deleted 3 waiting and delayed job(s)" in response.content.decode()
     assert sorted(map(str, Job.objects.filter(queue="emails").values_list("id", flat=True))) == sorted(
         finished + [active]
@@ -496,7 +480,7 @@ def test_drain_confirms_with_counts_then_deletes_waiting_and_delayed_jobs_only(a
 
 @pytest.mark.django_db
 def test_viewer_without_control_queue_sees_no_controls_and_forged_posts_are_refused(client):
-    staff(client, "view_queuestate")
+    client.force_login(staff_user("view_queuestate", name="operator"))
     enqueue("emails", 2)
     drain_target = enqueue("emails", 1, run_after=timedelta(hours=1))
     enqueue("old", 1)
@@ -504,7 +488,7 @@ def test_viewer_without_control_queue_sees_no_controls_and_forged_posts_are_refu
     Job.objects.filter(queue="old").update(finished_at=timezone.now() - timedelta(days=3))
     overview = client.get(OVERVIEW)
     assert overview.status_code == 200 and "/add/" not in overview.content.decode()
-    body = client.get(page("emails")).content.decode()
+    body = client.get(queue_page("emails")).content.decode()
     assert 'id="jobs-controls"' not in body and "/pause/" not in body and "/drain/" not in body
     assert 'method="post" action="/admin/django_jobs/' not in body and "/change/" not in body
     for verb, data in [
@@ -513,10 +497,10 @@ def test_viewer_without_control_queue_sees_no_controls_and_forged_posts_are_refu
         ("limits", {"concurrency_limit": "1", "rate_limit": "", "rate_window_seconds": "", "max_size": ""}),
         ("drain", {}),
     ]:
-        assert client.post(action("emails", verb), data).status_code == 403, verb
-    assert client.post(action("old", "clean"), {"state": "completed", "older_than_hours": "0"}).status_code == 403
-    assert client.get(action("emails", "drain")).status_code == 403
-    assert client.get(action("old", "clean"), {"state": "completed", "older_than_hours": "0"}).status_code == 403
+        assert client.post(queue_action("emails", verb), data).status_code == 403, verb
+    assert client.post(queue_action("old", "clean"), {"state": "completed", "older_than_hours": "0"}).status_code == 403
+    assert client.get(queue_action("emails", "drain")).status_code == 403
+    assert client.get(queue_action("old", "clean"), {"state": "completed", "older_than_hours": "0"}).status_code == 403
     assert django_jobs.queue("emails").limits == QueueLimits()
     assert Job.objects.filter(id__in=drain_target).exists() and Job.objects.filter(queue="emails").count() == 3
     assert Job.objects.filter(queue="old").count() == 1
@@ -524,34 +508,34 @@ def test_viewer_without_control_queue_sees_no_controls_and_forged_posts_are_refu
 
 @pytest.mark.django_db
 def test_control_queue_permission_shows_the_controls_and_lets_them_act(client):
-    staff(client, "view_queuestate", "control_queue")
+    client.force_login(staff_user("view_queuestate", "control_queue", name="operator"))
     enqueue("emails")
-    body = client.get(page("emails")).content.decode()
-    assert 'id="jobs-controls"' in body and f'action="{action("emails", "pause")}"' in body
+    body = client.get(queue_page("emails")).content.decode()
+    assert 'id="jobs-controls"' in body and f'action="{queue_action("emails", "pause")}"' in body
     assert "/change/" not in body, "no change permission: no link to the full form"
-    assert client.post(action("emails", "pause")).status_code == 302
+    assert client.post(queue_action("emails", "pause")).status_code == 302
     assert django_jobs.queue("emails").is_paused
 
 
 @pytest.mark.django_db
 def test_viewing_needs_a_view_permission(client):
     enqueue("emails")
-    staff(client, "control_queue", username="no-view")
+    client.force_login(staff_user("control_queue", name="no-view"))
     assert client.get(OVERVIEW).status_code == 403
-    assert client.get(page("emails")).status_code == 403
+    assert client.get(queue_page("emails")).status_code == 403
     job_viewer = Client()
-    staff(job_viewer, "view_job", username="job-viewer")
+    job_viewer.force_login(staff_user("view_job", name="job-viewer"))
     assert job_viewer.get(OVERVIEW).status_code == 200
-    body = job_viewer.get(page("emails")).content.decode()
+    body = job_viewer.get(queue_page("emails")).content.decode()
     assert "?queue=emails&amp;state=waiting" in body
     queue_viewer = Client()
-    staff(queue_viewer, "view_queuestate", username="queue-viewer")
+    queue_viewer.force_login(staff_user("view_queuestate", name="queue-viewer"))
     assert "?queue=emails&amp;state=waiting" not in queue_viewer.get(OVERVIEW).content.decode(), (
         "no link to a jobs list the user may not see"
     )
     anonymous = Client().get(OVERVIEW)
     assert anonymous.status_code == 302 and "/admin/login/" in anonymous["Location"]
-    assert Client().post(action("emails", "pause")).status_code == 302
+    assert Client().post(queue_action("emails", "pause")).status_code == 302
     assert not django_jobs.queue("emails").is_paused
 
 
@@ -560,12 +544,12 @@ def test_actions_need_the_csrf_token(admin_user):
     enqueue("emails")
     client = Client(enforce_csrf_checks=True)
     client.force_login(admin_user)
-    body = client.get(page("emails")).content.decode()
-    assert client.post(action("emails", "pause")).status_code == 403
+    body = client.get(queue_page("emails")).content.decode()
+    assert client.post(queue_action("emails", "pause")).status_code == 403
     assert not django_jobs.queue("emails").is_paused
     assert (
         client.post(
-            action("emails", "pause"), {"csrfmiddlewaretoken": csrf_token(body, action("emails", "pause"))}
+            queue_action("emails", "pause"), {"csrfmiddlewaretoken": csrf_token(body, queue_action("emails", "pause"))}
         ).status_code
         == 302
     )
@@ -590,7 +574,7 @@ def test_markup_in_queue_names_and_task_paths_is_escaped(admin_client):
     assert "<script>alert" not in body and "&lt;script&gt;alert(&#x27;q&#x27;)&lt;/script&gt;" in body
     assert "<b>bold" not in body and "&lt;b&gt;bold" in body
     assert 'href="/admin/django_jobs/queuestate/%3C' not in body, "no link to a page that is a 404"
-    body = admin_client.get(page("emails")).content.decode()
+    body = admin_client.get(queue_page("emails")).content.decode()
     assert "<script>alert" not in body and "&lt;script&gt;alert(&#x27;t&#x27;)&lt;/script&gt;" in body
     assert "task=%3Cscript%3Ealert%28%27t%27%29%3C%2Fscript%3E" in body
 
@@ -600,11 +584,11 @@ def test_malformed_parameters_never_give_a_server_error(admin_client):
     enqueue("emails")
     assert admin_client.get(OVERVIEW, {"backend": "nope"}).status_code == 200
     assert admin_client.get(OVERVIEW, {"backend": "limited"}).status_code == 200
-    assert admin_client.get(page("emails"), {"backend": ["x", "y"]}).status_code == 200
-    assert admin_client.get(action("emails", "clean"), {"older_than_hours": "\x00"}).status_code == 200
-    assert admin_client.post(action("emails", "limits"), {"concurrency_limit": "\x00"}).status_code == 200
-    assert admin_client.get(page("a" * 300)).status_code == 404
-    assert admin_client.get(action("emails", "pause") + "extra/").status_code in (302, 404)
+    assert admin_client.get(queue_page("emails"), {"backend": ["x", "y"]}).status_code == 200
+    assert admin_client.get(queue_action("emails", "clean"), {"older_than_hours": "\x00"}).status_code == 200
+    assert admin_client.post(queue_action("emails", "limits"), {"concurrency_limit": "\x00"}).status_code == 200
+    assert admin_client.get(queue_page("a" * 300)).status_code == 404
+    assert admin_client.get(queue_action("emails", "pause") + "extra/").status_code in (302, 404)
 
 
 @pytest.mark.django_db
@@ -624,4 +608,4 @@ def test_a_queue_named_like_an_admin_page_keeps_its_edit_form(admin_client):
     has its plain edit form at <name>/change/."""
     django_jobs.queue("queue").pause()
     assert admin_client.get("/admin/django_jobs/queuestate/queue/change/").status_code == 200
-    assert b"queue" in admin_client.get(page("queue")).content
+    assert b"queue" in admin_client.get(queue_page("queue")).content

@@ -23,18 +23,29 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
 import django_jobs
-from django_jobs import Dedup, engine, schedules
+from django_jobs import Dedup, schedules
 from django_jobs.backend import validate_queue_name
 from django_jobs.exceptions import JobsError
 from django_jobs.models import Event, Job, QueueState, Schedule, Worker
 from django_jobs.testing import drain_queue
 from django_jobs.tracing import validate_trace_id
 from tests import tasks_security as sec
+from tests.factories import (
+    get_page,
+    insert_job,
+    job_page,
+    listed,
+    queue_action,
+    queue_page,
+    schedule_form,
+    staff_client,
+    superuser_client,
+)
 from tests.tasks_security import compact, payload, shown
 
 OVERVIEW = "/admin/django_jobs/queuestate/"
@@ -45,18 +56,8 @@ WORKERS = "/admin/django_jobs/worker/"
 RAW = ("<script>alert", "<img src=x", "<svg onload")
 #: What a GET may answer, whatever its query string or id.
 SAFE_STATUSES = (200, 302, 400, 404)
-
-
-def queue_page(name: str) -> str:
-    return f"{OVERVIEW}{name}/dashboard/"
-
-
-def queue_action(name: str, verb: str) -> str:
-    return f"{OVERVIEW}{name}/dashboard/{verb}/"
-
-
-def job_page(pk: Any) -> str:
-    return f"{JOBS}{pk}/change/"
+#: The schedule the admin's schedule forms post (with a name of their own).
+SEC_SCHEDULE = {"task_path": "tests.tasks_security.quiet", "every_seconds": "3600"}
 
 
 def job_button(pk: Any, action: str) -> str:
@@ -67,33 +68,11 @@ def state(pk: Any) -> str | None:
     return Job.objects.filter(pk=pk).values_list("state", flat=True).first()
 
 
-def listed(body: str) -> set[str]:
-    """The job ids of a changelist page (its row checkboxes)."""
-    return set(re.findall(r'name="_selected_action" value="([0-9a-f-]{36})"', body))
-
-
 def section(body: str, element_id: str) -> str:
     """The job page from the element with ``element_id`` to the next module."""
     start = body.index(f'id="{element_id}"')
     end = body.find('<div class="module"', start)
     return body[start : end if end != -1 else len(body)]
-
-
-def login(*codenames: str, staff: bool = True, name: str = "user") -> Client:
-    """A client logged in as a user holding exactly ``codenames`` (of django_jobs)."""
-    user = User.objects.create_user(name, password=None, is_staff=staff)  # no password hashing: force_login
-    perms = list(Permission.objects.filter(content_type__app_label="django_jobs", codename__in=codenames))
-    assert sorted(p.codename for p in perms) == sorted(codenames), "every permission exists"
-    user.user_permissions.set(perms)
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def superuser_client(name: str = "root", **kwargs: Any) -> Client:
-    client = Client(**kwargs)
-    client.force_login(User.objects.create_superuser(name, password=None))
-    return client
 
 
 # -- what a page must not contain -----------------------------------------------------------------
@@ -152,12 +131,6 @@ def attribute_values(body: str, tag: str, attribute: str, **where: str) -> list[
     ]
 
 
-def get_page(client: Client, url: str, params: dict | None = None) -> str:
-    response = client.get(url, params or {})
-    assert response.status_code == 200, (url, params, response.status_code, response.get("Location"))
-    return response.content.decode()
-
-
 # -- 1. escaping on every page ----------------------------------------------------------------------
 
 
@@ -182,13 +155,7 @@ def hostile(db) -> dict[str, Any]:
         queue="sec-wait", job_id=waiting.id, kind="progress", data={payload("evkey"): payload("evvalue")},
         created_at=now,
     )  # fmt: skip
-    raw_tasks = [
-        engine.insert_job(
-            using="default", backend="default", task_path=f"tests.{payload('task')}", queue="sec-wait", priority=0,
-            args=[], kwargs={}, max_attempts=1, options={},
-        ).pk
-        for _ in range(2)
-    ]  # fmt: skip
+    raw_tasks = [insert_job(task_path=f"tests.{payload('task')}", queue="sec-wait").pk for _ in range(2)]
     worker_id = payload("workerid")
     Worker.objects.create(
         id=worker_id, backend="default", hostname=payload("host"), pid=4242, queues=[payload("wqueue")],
@@ -664,17 +631,6 @@ def _act(action: str, ids: list[str], across: bool = False) -> dict[str, Any]:
     return {"action": action, "index": "0", "select_across": "1" if across else "0", "_selected_action": ids}
 
 
-def schedule_form(name: str, **fields: str) -> dict[str, str]:
-    data = {
-        "backend": "default", "name": name, "enabled": "on", "task_path": "tests.tasks_security.quiet",
-        "args": "[]", "kwargs": "{}", "queue": "", "priority": "", "options": "{}", "cron": "",
-        "every_seconds": "3600", "offset_seconds": "0", "timezone": "UTC", "start_at_0": "", "start_at_1": "",
-        "end_at_0": "", "end_at_1": "", "limit": "", "catch_up": "latest",
-    }  # fmt: skip
-    data.update(fields)
-    return data
-
-
 def make_endpoints() -> list[Endpoint]:
     """Every POST endpoint, each with the rows it acts on (a queue, a job, a schedule of its own)."""
     eps: list[Endpoint] = []
@@ -761,13 +717,13 @@ def make_endpoints() -> list[Endpoint]:
                  "change_schedule", lambda: Job.objects.filter(queue="sec-s2").exists(), SCHEDULES, dropped=True),
         Endpoint("schedule action disable_schedules", SCHEDULES, _act("disable_schedules", [s3.pk]),
                  "change_schedule", lambda: not Schedule.objects.get(pk=s3.pk).enabled, SCHEDULES, dropped=True),
-        Endpoint("schedule change form", f"{SCHEDULES}{s4.pk}/change/", schedule_form("sec-s4-renamed"),
-                 "change_schedule", lambda: Schedule.objects.filter(name="sec-s4-renamed").exists(),
-                 f"{SCHEDULES}{s4.pk}/change/"),
+        Endpoint("schedule change form", f"{SCHEDULES}{s4.pk}/change/",
+                 schedule_form(name="sec-s4-renamed", **SEC_SCHEDULE), "change_schedule",
+                 lambda: Schedule.objects.filter(name="sec-s4-renamed").exists(), f"{SCHEDULES}{s4.pk}/change/"),
         Endpoint("schedule delete form", f"{SCHEDULES}{s5.pk}/delete/", {"post": "yes"}, "delete_schedule",
                  lambda: not Schedule.objects.filter(pk=s5.pk).exists(), f"{SCHEDULES}{s5.pk}/delete/",
                  confirm_get=True),
-        Endpoint("schedule add form", f"{SCHEDULES}add/", schedule_form("sec-s6"), "add_schedule",
+        Endpoint("schedule add form", f"{SCHEDULES}add/", schedule_form(name="sec-s6", **SEC_SCHEDULE), "add_schedule",
                  lambda: Schedule.objects.filter(name="sec-s6").exists(), f"{SCHEDULES}add/"),
     ]  # fmt: skip
 
@@ -861,7 +817,7 @@ def test_users_without_the_permission_are_refused_every_endpoint_and_nothing_cha
         client, perms, staff = Client(), (), False
     else:
         perms, staff = USERS[who]
-        client = login(*perms, staff=staff)
+        client = staff_client(*perms, staff=staff)
     for ep in endpoints:
         assert_refused(client, ep, who, staff=staff, may_view="view_schedule" in perms)
 
@@ -871,7 +827,7 @@ def test_users_without_the_permission_are_refused_every_endpoint_and_nothing_cha
     "perm", ["retry_job", "cancel_job", "run_job_now", "delete_job", "control_queue", "change_schedule"]
 )
 def test_one_permission_allows_its_own_actions_and_no_other(perm):
-    client = login(*VIEW_PERMS, perm)
+    client = staff_client(*VIEW_PERMS, perm)
     endpoints = make_endpoints()
     assert any(ep.perm == perm for ep in endpoints)
     for ep in endpoints:
@@ -888,7 +844,7 @@ def test_one_permission_allows_its_own_actions_and_no_other(perm):
 @pytest.mark.django_db
 def test_an_action_permission_without_view_job_is_refused_on_the_job_pages():
     """Acting on jobs needs view_job too: cancel_job alone opens no job page and cancels nothing."""
-    client = login("cancel_job")
+    client = staff_client("cancel_job")
     for ep in make_endpoints():
         assert_refused(client, ep, "cancel_job alone", may_view=False)
     assert client.get(JOBS).status_code == 403
@@ -901,7 +857,7 @@ def test_a_forged_action_with_an_odd_index_changes_nothing(index):
     the first action when ``index`` is not an integer, then drops an action the user may not
     run. Either way nothing changes."""
     waiting = _waiting("sec-forged")
-    viewer = login(*VIEW_PERMS, "retry_job")
+    viewer = staff_client(*VIEW_PERMS, "retry_job")
     for action in ("cancel_jobs", "delete_jobs", "run_jobs_now"):
         data = {**_act(action, [waiting], across=True), "index": index, "post": "yes"}
         before = snapshot()
@@ -917,7 +873,7 @@ def test_delete_job_without_view_job_shows_no_job():
     the view permission the POST (and the job page) require, so a user holding delete_job
     without view_job reads a job's task path and state there; the delete itself is refused."""
     waiting = _waiting("sec-hidden")
-    client = login("delete_job")
+    client = staff_client("delete_job")
     assert client.get(job_page(waiting)).status_code == 403
     assert client.post(job_button(waiting, "delete")).status_code == 403
     assert state(waiting) == "waiting"
@@ -952,7 +908,7 @@ def post_forms(body: str) -> list[tuple[str, str]]:
 @pytest.mark.django_db
 def test_a_view_only_user_sees_no_control_button_or_form():
     make_endpoints()
-    viewer = login(*VIEW_PERMS)
+    viewer = staff_client(*VIEW_PERMS)
     failed = Job.objects.filter(queue="sec-retry").values_list("pk", flat=True).get()
     delayed = Job.objects.filter(queue="sec-runnow").values_list("pk", flat=True).get()
     waiting = Job.objects.filter(queue="sec-cancel").values_list("pk", flat=True).get()

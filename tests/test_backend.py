@@ -28,13 +28,10 @@ from django_jobs.exceptions import InvalidQueueName, InvalidTaskArguments, Inval
 from django_jobs.models import Job
 from django_jobs.states import JobState
 from tests import tasks
+from tests.factories import claim, plain_function
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)
-
-
-def plain_function():
-    """A module-level function the tests decorate themselves."""
 
 
 def only_job() -> Job:
@@ -526,7 +523,7 @@ def test_get_result_projects_every_state_onto_a_status(state, status):
 
 
 def claim_one(worker_id: str, now: datetime) -> engine.ClaimedJob:
-    claimed = engine.claim_jobs(using="default", queues=None, limit=10, worker_id=worker_id, lease_seconds=30, now=now)
+    claimed = claim(limit=10, worker_id=worker_id, now=now)
     assert len(claimed) == 1
     return claimed[0]
 

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,9 @@ from django_jobs.models import Job, JobDedup, JobDedupNext
 from django_jobs.services import DedupSweeper
 from django_jobs.states import JobState
 from django_jobs.testing import drain_queue, perform_job
-from tests import tasks_dedup
+from tests import factories, tasks_dedup
 from tests.conftest import ROOT, subprocess_env, wait_until
+from tests.factories import lock_waiters, record
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)
@@ -74,13 +76,12 @@ def enqueue(
     )
 
 
-def claim(now=T0) -> list[engine.ClaimedJob]:
-    return engine.claim_jobs(using="default", queues=None, limit=100, worker_id="w1", lease_seconds=30, now=now)
+#: The factory on this module's clock: at ``T0`` unless ``now`` says otherwise.
+claim = partial(factories.claim, now=T0)
 
 
 def finish(job: engine.ClaimedJob, state: str = JobState.COMPLETED, now=T0) -> None:
-    outcome = engine.Outcome(job_id=job.id, lease_token=job.lease_token, state=state, return_value_json="null")
-    assert engine.record_outcomes([outcome], using="default", now=now) == {job.id: state}
+    assert record(job, state, now=now, return_value_json="null") == {job.id: state}
 
 
 def holder_of(key: str = "k", queue: str = "default") -> uuid.UUID:
@@ -563,15 +564,7 @@ def test_a_key_inserted_by_a_transaction_that_rolls_back_goes_to_exactly_one_wai
     wait_until(lambda: len(list(tmp_path.glob("calling-*"))) == 7, timeout=30)
     if connection.vendor == "postgresql":
         # They wait on the unique index for the holder's transaction to end.
-        def blocked() -> int:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )
-                return cursor.fetchone()[0]
-
-        wait_until(lambda: blocked() == 7, timeout=30, message="7 enqueues blocked on the held key")
+        wait_until(lambda: lock_waiters() == 7, timeout=30, message="7 enqueues blocked on the held key")
     assert not Job.objects.exists()  # nothing committed yet
     (tmp_path / "rollback").touch()
     results = _results(tmp_path, [holder, *others])
@@ -597,11 +590,7 @@ def test_an_enqueue_waits_for_the_transaction_holding_the_key_row_lock(tmp_path)
         procs.append(_start(tmp_path, 0, "once", "locked"))
         wait_until(lambda: (tmp_path / "ready-0").exists(), timeout=60)
         (tmp_path / "go").touch()
-        with connection.cursor() as cursor:
-            query = (
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            wait_until(lambda: cursor.execute(query) or cursor.fetchone()[0] == 1, timeout=30)
+        wait_until(lambda: lock_waiters() == 1, timeout=30)
     [result] = _results(tmp_path, procs)
     assert (result["new"], result["duplicate"]) == (0, 1)
     assert Job.objects.get().id == uuid.UUID(first.id)

@@ -3,9 +3,9 @@ and the schema it relies on. Every test runs on SQLite and PostgreSQL; time is p
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import datetime, timedelta
+from functools import partial
 
 import pytest
 from django.core.management import call_command
@@ -16,6 +16,8 @@ from django_jobs import engine
 from django_jobs.conf import get_settings
 from django_jobs.models import Job
 from django_jobs.states import TRANSITIONS, JobState
+from tests import factories
+from tests.factories import insert_job, job_row, race
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)
@@ -28,48 +30,10 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def make_job(
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    now: datetime = T0,
-    run_after: datetime | None = None,
-    max_attempts: int = 1,
-    args: list | None = None,
-) -> Job:
-    return engine.insert_job(
-        using="default",
-        backend="default",
-        task_path="tests.tasks.noop",
-        queue=queue,
-        priority=priority,
-        args=args or [],
-        kwargs={},
-        max_attempts=max_attempts,
-        options={},
-        run_after=run_after,
-        now=now,
-    )
-
-
-def claim(
-    *, worker_id: str = "w1", limit: int = 100, queues: list[str] | None = None, now: datetime = T0
-) -> list[engine.ClaimedJob]:
-    return engine.claim_jobs(
-        using="default", queues=queues, limit=limit, worker_id=worker_id, lease_seconds=LEASE, now=now
-    )
-
-
-def record(claimed: engine.ClaimedJob, state: str, *, now: datetime = T0, **kwargs) -> set[uuid.UUID]:
-    return engine.record_outcomes(
-        [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state=state, **kwargs)],
-        using="default",
-        now=now,
-    )
-
-
-def row(job_id) -> Job:
-    return Job.objects.get(id=job_id)
+#: The factories on this module's clock: at ``T0`` unless ``now`` says otherwise.
+make_job = partial(insert_job, now=T0)
+claim = partial(factories.claim, now=T0)
+record = partial(factories.record, now=T0)
 
 
 def snapshot(job_id) -> dict:
@@ -134,7 +98,7 @@ def test_claim_takes_only_the_given_queues():
     by_queue = {q: make_job(queue=q) for q in ("a", "b", "c")}
     claimed = claim(queues=["a", "c"])
     assert {c.id for c in claimed} == {by_queue["a"].id, by_queue["c"].id}
-    assert row(by_queue["b"].id).state == JobState.WAITING
+    assert job_row(by_queue["b"].id).state == JobState.WAITING
     assert claim(queues=["zzz"]) == []
     assert [c.id for c in claim(queues=None)] == [by_queue["b"].id]
 
@@ -153,7 +117,7 @@ def test_claim_skips_jobs_that_are_not_waiting():
 def test_claimed_job_is_active_with_a_fresh_lease():
     job = make_job(args=[1, {"a": "b"}], max_attempts=3)
     [claimed] = claim(worker_id="worker-1", now=at(1))
-    stored = row(job.id)
+    stored = job_row(job.id)
     assert stored.state == JobState.ACTIVE
     assert stored.attempts == 1 == claimed.attempts
     assert stored.lease_token is not None
@@ -186,14 +150,14 @@ def test_claim_without_now_leases_for_lease_seconds_from_the_current_time():
     lease_seconds = get_settings().LEASE_SECONDS
     engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w1", lease_seconds=lease_seconds)
     expected = timezone.now() + timedelta(seconds=lease_seconds)
-    assert abs(row(job.id).lease_expires_at - expected) < timedelta(seconds=5)
+    assert abs(job_row(job.id).lease_expires_at - expected) < timedelta(seconds=5)
 
 
 @db
 def test_claim_accepts_an_integer_lease():
     job = make_job()
     engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w1", lease_seconds=7, now=T0)
-    assert row(job.id).lease_expires_at == T0 + timedelta(seconds=7)
+    assert job_row(job.id).lease_expires_at == T0 + timedelta(seconds=7)
 
 
 @db
@@ -205,7 +169,7 @@ def test_each_claim_issues_a_new_lease_token():
     assert second.lease_token != first.lease_token
     assert second.attempts == 2
     assert second.worker_ids == ["w1", "w2"]
-    stored = row(second.id)
+    stored = job_row(second.id)
     assert stored.started_at == at(0)
     assert stored.last_attempted_at == at(2)
 
@@ -218,7 +182,7 @@ def test_completed_outcome_stores_return_value_ends_the_lease_and_keeps_its_toke
     make_job()
     [claimed] = claim()
     assert record(claimed, JobState.COMPLETED, return_value_json='[1, "two"]', now=at(3)) == {claimed.id: "completed"}
-    stored = row(claimed.id)
+    stored = job_row(claimed.id)
     assert stored.state == JobState.COMPLETED
     assert stored.return_value == [1, "two"]
     assert stored.finished_at == at(3)
@@ -232,7 +196,7 @@ def test_failed_outcome_appends_the_error_and_finishes():
     make_job()
     [claimed] = claim()
     record(claimed, JobState.FAILED, error=ERROR, now=at(4))
-    stored = row(claimed.id)
+    stored = job_row(claimed.id)
     assert stored.state == JobState.FAILED
     assert stored.errors == [ERROR]
     assert stored.finished_at == at(4)
@@ -244,7 +208,7 @@ def test_delayed_retry_waits_until_its_available_at_and_keeps_every_error():
     make_job(max_attempts=3)
     [first] = claim(now=at(0))
     record(first, JobState.DELAYED, error=ERROR, available_at=at(60), now=at(1))
-    stored = row(first.id)
+    stored = job_row(first.id)
     assert (stored.state, stored.available_at, stored.finished_at) == (JobState.DELAYED, at(60), None)
     assert stored.lease_expires_at is None
     assert claim(now=at(100)) == [], "claim does not promote"
@@ -253,7 +217,7 @@ def test_delayed_retry_waits_until_its_available_at_and_keeps_every_error():
     [second] = claim(now=at(61))
     second_error = {**ERROR, "traceback": "ValueError: again\n"}
     record(second, JobState.FAILED, error=second_error, now=at(62))
-    assert row(first.id).errors == [ERROR, second_error]
+    assert job_row(first.id).errors == [ERROR, second_error]
 
 
 @db
@@ -298,8 +262,8 @@ def test_a_batch_writes_only_the_outcomes_whose_lease_holds():
         engine.Outcome(job_id=c.id, lease_token=c.lease_token, state=JobState.FAILED, error=ERROR),
     ]
     assert engine.record_outcomes(outcomes, using="default", now=at(1)).keys() == {a.id, c.id}
-    assert [row(j.id).state for j in (a, b, c)] == [JobState.COMPLETED, JobState.ACTIVE, JobState.FAILED]
-    assert row(a.id).return_value == "a"
+    assert [job_row(j.id).state for j in (a, b, c)] == [JobState.COMPLETED, JobState.ACTIVE, JobState.FAILED]
+    assert job_row(a.id).return_value == "a"
 
 
 @db
@@ -317,10 +281,10 @@ def test_record_outcomes_rejects_a_state_that_is_not_an_outcome():
 @db
 def test_delayed_job_is_not_claimed_until_promoted():
     job = make_job(now=at(0), run_after=at(60))
-    assert row(job.id).state == JobState.DELAYED
+    assert job_row(job.id).state == JobState.DELAYED
     assert claim(now=at(120)) == []
     assert engine.promote_due_jobs(using="default", limit=10, now=at(59)) == 0
-    assert row(job.id).state == JobState.DELAYED
+    assert job_row(job.id).state == JobState.DELAYED
     assert engine.promote_due_jobs(using="default", limit=10, now=at(61)) == 1
     assert [c.id for c in claim(now=at(61))] == [job.id]
 
@@ -330,7 +294,7 @@ def test_delayed_job_is_not_claimed_until_promoted():
 def test_promote_moves_at_most_limit_jobs_earliest_first():
     jobs = [make_job(now=at(0), run_after=at(10 + i)) for i in range(5)]
     assert engine.promote_due_jobs(using="default", limit=2, now=at(100)) == 2
-    assert {j.id for j in jobs if row(j.id).state == JobState.WAITING} == {jobs[0].id, jobs[1].id}
+    assert {j.id for j in jobs if job_row(j.id).state == JobState.WAITING} == {jobs[0].id, jobs[1].id}
     assert engine.promote_due_jobs(using="default", limit=10, now=at(100)) == 3
 
 
@@ -349,7 +313,7 @@ def test_rescue_leaves_jobs_whose_lease_has_not_expired():
     make_job()
     [claimed] = claim(now=at(0))
     assert rescue(now=at(LEASE - 1)) == (0, 0)
-    assert row(claimed.id).state == JobState.ACTIVE
+    assert job_row(claimed.id).state == JobState.ACTIVE
 
 
 @db
@@ -357,7 +321,7 @@ def test_rescue_requeues_an_expired_job_then_fails_it_when_it_stalls_again():
     make_job()
     [first] = claim(worker_id="dead-1", now=at(0))
     assert rescue(now=at(LEASE + 1)) == (1, 0)
-    stored = row(first.id)
+    stored = job_row(first.id)
     assert stored.state == JobState.WAITING
     assert stored.stalled_count == 1
     assert stored.attempts == 0, "the interrupted attempt is taken back"
@@ -368,7 +332,7 @@ def test_rescue_requeues_an_expired_job_then_fails_it_when_it_stalls_again():
     [second] = claim(worker_id="dead-2", now=at(40))
     assert second.attempts == 1 and second.worker_ids == ["dead-2"]
     assert rescue(now=at(40 + LEASE + 1)) == (0, 1)
-    stored = row(first.id)
+    stored = job_row(first.id)
     assert stored.state == JobState.FAILED
     assert stored.stalled_count == 2
     assert stored.finished_at == at(40 + LEASE + 1)
@@ -391,7 +355,7 @@ def test_rescue_with_max_stalled_zero_fails_at_the_first_stall():
     make_job()
     [claimed] = claim(now=at(0))
     assert rescue(now=at(LEASE + 1), max_stalled=0) == (0, 1)
-    assert row(claimed.id).state == JobState.FAILED
+    assert job_row(claimed.id).state == JobState.FAILED
 
 
 @db
@@ -417,13 +381,13 @@ def test_release_returns_a_workers_active_jobs_and_takes_the_attempt_back():
     assert len(mine) == 2
     assert engine.release_jobs(using="default", worker_id="w1") == 2
     for claimed in mine:
-        stored = row(claimed.id)
+        stored = job_row(claimed.id)
         assert stored.state == JobState.WAITING
         assert stored.attempts == 0
         assert stored.worker_ids == []
         assert stored.started_at is None
         assert stored.lease_token is None and stored.lease_expires_at is None
-    assert row(theirs.id).state == JobState.ACTIVE
+    assert job_row(theirs.id).state == JobState.ACTIVE
     again = claim(worker_id="w3", now=at(6))
     assert {c.id for c in again} == {c.id for c in mine}
     assert all(c.attempts == 1 and c.worker_ids == ["w3"] for c in again)
@@ -436,7 +400,7 @@ def test_release_of_a_retry_keeps_the_earlier_attempts():
     record(first, JobState.WAITING, error=ERROR, now=at(1))
     claim(worker_id="w2", now=at(2))
     assert engine.release_jobs(using="default", worker_id="w2") == 1
-    stored = row(first.id)
+    stored = job_row(first.id)
     assert (stored.attempts, stored.worker_ids, stored.started_at) == (1, ["w1"], at(0))
 
 
@@ -446,10 +410,10 @@ def test_release_of_given_job_ids_leaves_the_others_active():
         make_job(now=at(i))
     a, b, c = claim(worker_id="w1")
     assert engine.release_jobs(using="default", worker_id="w1", job_ids=[b.id]) == 1
-    assert [row(j.id).state for j in (a, b, c)] == [JobState.ACTIVE, JobState.WAITING, JobState.ACTIVE]
+    assert [job_row(j.id).state for j in (a, b, c)] == [JobState.ACTIVE, JobState.WAITING, JobState.ACTIVE]
     assert engine.release_jobs(using="default", worker_id="w1", job_ids=[]) == 0
     assert engine.release_jobs(using="default", worker_id="w2", job_ids=[a.id]) == 0, "not w2's job"
-    assert row(a.id).state == JobState.ACTIVE
+    assert job_row(a.id).state == JobState.ACTIVE
 
 
 @db
@@ -464,14 +428,14 @@ def test_renew_extends_only_the_active_leases_of_the_tokens_given():
     record(finished, JobState.COMPLETED, return_value_json="null", now=at(1))
     tokens = [mine.lease_token, finished.lease_token]
     assert engine.renew_leases(using="default", lease_tokens=tokens, lease_seconds=LEASE, now=at(20)) == 1
-    assert row(mine.id).lease_expires_at == at(20 + LEASE)
-    assert row(theirs.id).lease_expires_at == at(LEASE)
-    assert row(finished.id).lease_expires_at is None
-    assert row(lost.id).lease_expires_at == at(LEASE), "a lease the worker does not know of is not renewed"
+    assert job_row(mine.id).lease_expires_at == at(20 + LEASE)
+    assert job_row(theirs.id).lease_expires_at == at(LEASE)
+    assert job_row(finished.id).lease_expires_at is None
+    assert job_row(lost.id).lease_expires_at == at(LEASE), "a lease the worker does not know of is not renewed"
     assert engine.renew_leases(using="default", lease_tokens=[], lease_seconds=LEASE, now=at(20)) == 0
     assert rescue(now=at(LEASE + 1)) == (2, 0), "only the unrenewed leases expired"
-    assert row(mine.id).state == JobState.ACTIVE
-    assert row(lost.id).state == JobState.WAITING
+    assert job_row(mine.id).state == JobState.ACTIVE
+    assert job_row(lost.id).state == JobState.WAITING
 
 
 @db
@@ -486,9 +450,11 @@ def test_claim_uses_the_callers_token_so_a_lost_answer_can_be_released():
     # The answer is "lost": the worker only knows the token it sent.
     [kept] = claim(worker_id="w1", now=at(6))
     assert engine.release_jobs(using="default", worker_id="w1", lease_tokens=[token]) == 2
-    assert [row(j.id).state for j in claimed] == [JobState.WAITING, JobState.WAITING]
-    assert [(row(j.id).attempts, row(j.id).worker_ids, row(j.id).lease_token) for j in claimed] == [(0, [], None)] * 2
-    assert row(kept.id).state == JobState.ACTIVE, "the worker's other claim is untouched"
+    assert [job_row(j.id).state for j in claimed] == [JobState.WAITING, JobState.WAITING]
+    assert [(job_row(j.id).attempts, job_row(j.id).worker_ids, job_row(j.id).lease_token) for j in claimed] == [
+        (0, [], None)
+    ] * 2
+    assert job_row(kept.id).state == JobState.ACTIVE, "the worker's other claim is untouched"
     assert engine.release_jobs(using="default", worker_id="w1", lease_tokens=[token]) == 0, "repeating is harmless"
     assert engine.release_jobs(using="default", worker_id="w1", lease_tokens=[]) == 0
 
@@ -514,9 +480,9 @@ def test_an_outcome_written_by_a_try_whose_answer_was_lost_is_reported_written_w
     again = engine.record_outcomes(batch, using="default", now=at(8))
     assert again == first, "the first try's rows count as written; the rescued one is dropped"
     assert {j.id: snapshot(j.id) for j in (done, retry)} == before, "nothing written twice"
-    assert batch[0].finished_at == row(done.id).finished_at == at(6)
+    assert batch[0].finished_at == job_row(done.id).finished_at == at(6)
     assert batch[1].finished_at is None
-    assert row(rescued.id).state == JobState.WAITING
+    assert job_row(rescued.id).state == JobState.WAITING
 
 
 # -- the engine stays inside the state machine -----------------------------------------------
@@ -581,32 +547,6 @@ def test_claim_skips_a_row_locked_by_another_connection():
             cursor.execute("RESET lock_timeout")
 
 
-def run_concurrently(thread_count: int, target) -> list:
-    """Run ``target(i)`` in ``thread_count`` threads started together; return results, re-raise errors."""
-    barrier = threading.Barrier(thread_count)
-    results: list = [None] * thread_count
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait(10)
-            results[i] = target(i)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(thread_count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a claiming thread hung"
-    if errors:
-        raise errors[0]
-    return results
-
-
 @committing
 def test_concurrent_claimers_take_every_job_exactly_once():
     thread_count, job_count = 8, 400
@@ -628,7 +568,7 @@ def test_concurrent_claimers_take_every_job_exactly_once():
             assert engine.record_outcomes(outcomes, using="default").keys() == {c.id for c in batch}
         return taken
 
-    per_thread = run_concurrently(thread_count, drain)
+    per_thread = race(thread_count, drain)
     taken = [job_id for ids in per_thread for job_id in ids]
     assert len(taken) == job_count
     assert len(set(taken)) == job_count, "a job was claimed twice"
@@ -697,7 +637,7 @@ def test_check_constraints_reject_out_of_range_values(column, value):
             f"UPDATE django_jobs_job SET {column} = {value} WHERE id = %s",
             [Job._meta.pk.get_db_prep_value(job.id, connection)],
         )
-    stored = row(job.id)
+    stored = job_row(job.id)
     assert (stored.priority, stored.max_attempts, stored.state) == (0, 1, JobState.WAITING)
 
 
@@ -706,7 +646,7 @@ def test_priority_at_the_bounds_is_allowed():
     job = make_job()
     for value in (100, -100):
         Job.objects.filter(id=job.id).update(priority=value)
-        assert row(job.id).priority == value
+        assert job_row(job.id).priority == value
 
 
 @db
@@ -718,23 +658,12 @@ def test_models_and_migrations_are_in_step(capsys):
 @db
 def test_claim_with_a_backend_takes_only_that_backends_jobs():
     mine = make_job()
-    other = engine.insert_job(
-        using="default",
-        backend="limited",
-        task_path="tests.tasks.noop",
-        queue="default",
-        priority=0,
-        args=[],
-        kwargs={},
-        max_attempts=1,
-        options={},
-        now=T0,
-    )
+    other = insert_job(backend="limited", now=T0)
     claimed = engine.claim_jobs(
         using="default", queues=None, limit=10, worker_id="w1", lease_seconds=LEASE, backend="default", now=T0
     )
     assert [j.id for j in claimed] == [mine.id]
-    assert row(other.id).state == JobState.WAITING
+    assert job_row(other.id).state == JobState.WAITING
 
 
 @db

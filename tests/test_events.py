@@ -16,7 +16,6 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.db import connections, transaction
-from django.test import override_settings
 from django.utils import timezone
 
 import django_jobs
@@ -27,17 +26,11 @@ from django_jobs.models import Event, Job, Metric
 from django_jobs.testing import drain_queue
 from tests import tasks, tasks_console, tasks_dedup, tasks_flows
 from tests.conftest import wait_until
+from tests.factories import VISIBLE, claim_job, finish, jobs_settings, pg_session, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PG = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-#: Seconds to wait for committed events to be readable: on PostgreSQL a writing transaction of
-#: any database of the server holds them back while it runs (see settled()).
-VISIBLE = 60.0
-
-
-def jobs_settings(**overrides) -> override_settings:
-    return override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, **overrides})
 
 
 def kinds_of(job_id) -> list[str]:
@@ -56,39 +49,6 @@ def the_event(job_id, kind: str) -> Event:
     found = events_of(job_id, kind)
     assert len(found) == 1, f"expected one {kind!r} event of job {job_id}, got {[e.kind for e in events_of(job_id)]}"
     return found[0]
-
-
-def claim(job_id, worker_id: str = "w-test", lease_seconds: float = 30):
-    [job] = engine.claim_jobs(
-        using="default",
-        queues=None,
-        limit=1,
-        worker_id=worker_id,
-        lease_seconds=lease_seconds,
-        job_ids=[uuid.UUID(str(job_id))],
-    )
-    return job
-
-
-def complete(job) -> None:
-    written = engine.record_outcomes(
-        [engine.Outcome(job_id=job.id, lease_token=job.lease_token, state="completed", return_value_json="null",
-                        queue=job.queue, attempt=job.attempts)],
-        using="default",
-    )  # fmt: skip
-    assert written, "the outcome was written"
-
-
-def settled() -> str:
-    """Wait until every committed event is readable and return the cursor at the end of the log.
-
-    On PostgreSQL a page holds only events of transactions older than every running one, and
-    that horizon is the whole server's: another database's open transaction (other test runs
-    share the server) can hold our committed events back for a moment."""
-    last = Event.objects.order_by("-txid", "-id").first()
-    end = f"{last.txid}.{last.id}" if last else "0.0"
-    wait_until(lambda: django_jobs.events("latest").cursor == end, timeout=VISIBLE, message=f"events up to {end}")
-    return end
 
 
 def read_all(after=None, **filters) -> list[Event]:
@@ -280,11 +240,12 @@ def test_cancel_of_a_waiting_job_writes_cancelled():
 
 def test_cancel_of_a_running_job_writes_cancel_requested_then_cancelled_when_its_attempt_ends():
     result = tasks_console.ok.using(queue_name="ev-cancel-run").enqueue()
-    job = claim(result.id)
+    job = claim_job(result.id)
     assert engine.cancel_job(using="default", job_id=job.id).change == "flagged"
     assert kinds_of(result.id) == ["enqueued", "active", "cancel-requested"]
 
-    complete(job)  # the attempt's outcome is recorded as cancelled
+    # The attempt's outcome is recorded as cancelled.
+    finish(job, return_value_json="null", queue=job.queue, attempt=job.attempts)
     assert Job.objects.get(id=result.id).state == "cancelled"
     assert kinds_of(result.id) == ["enqueued", "active", "cancel-requested", "cancelled"]
 
@@ -299,7 +260,7 @@ def test_cancelling_a_parent_writes_cancelled_for_its_children_and_cancel_reques
     ).enqueue()
     waiting_child = Job.objects.get(parent_id=root.id, task_path="tests.tasks.noop")
     running_child = Job.objects.get(parent_id=root.id, task_path="tests.tasks.add")
-    claim(running_child.id)
+    claim_job(running_child.id)
 
     django_jobs.cancel(root.id)
 
@@ -335,8 +296,8 @@ def test_pause_and_resume_write_queue_events_without_a_job():
 def test_release_at_shutdown_writes_released_and_a_cancelled_release_writes_cancelled():
     released = tasks_console.ok.using(queue_name="ev-release").enqueue(1)
     flagged = tasks_console.ok.using(queue_name="ev-release").enqueue(2)
-    claim(released.id, worker_id="w-rel")
-    claim(flagged.id, worker_id="w-rel")
+    claim_job(released.id, worker_id="w-rel")
+    claim_job(flagged.id, worker_id="w-rel")
     engine.cancel_job(using="default", job_id=uuid.UUID(flagged.id))
 
     assert engine.release_jobs(using="default", worker_id="w-rel") == 1
@@ -347,13 +308,13 @@ def test_release_at_shutdown_writes_released_and_a_cancelled_release_writes_canc
 
 def test_a_stalled_job_writes_stalled_and_rescued_or_failed():
     rescued = tasks_console.ok.using(queue_name="ev-stall").enqueue(1)
-    claim(rescued.id, lease_seconds=1)
+    claim_job(rescued.id, lease_seconds=1)
     later = timezone.now() + timedelta(seconds=30)
     [row] = engine.rescue_stalled_jobs(using="default", max_stalled=1, limit=10, now=later)
     assert row.state == "waiting"
     assert kinds_of(rescued.id) == ["enqueued", "active", "stalled", "rescued"]
 
-    claim(rescued.id, lease_seconds=1)
+    claim_job(rescued.id, lease_seconds=1)
     [row] = engine.rescue_stalled_jobs(using="default", max_stalled=1, limit=10, now=later + timedelta(seconds=30))
     assert row.state == "failed"
     assert kinds_of(rescued.id)[-3:] == ["active", "stalled", "failed"]
@@ -395,7 +356,7 @@ def test_events_of_an_enqueue_commit_with_it():
 
 def test_an_outcome_that_lost_its_lease_writes_no_event_and_no_metric():
     result = tasks_console.ok.using(queue_name="ev-lost").enqueue()
-    job = claim(result.id, lease_seconds=1)
+    job = claim_job(result.id, lease_seconds=1)
     engine.rescue_stalled_jobs(using="default", max_stalled=5, limit=10, now=timezone.now() + timedelta(seconds=30))
 
     written = engine.record_outcomes(
@@ -874,13 +835,7 @@ def test_a_reader_inside_its_own_writing_transaction_sees_its_events_only_after_
 
 @pytest.mark.postgres
 def test_a_transaction_of_another_database_does_not_hold_back_the_events():
-    import psycopg
-
-    params = connections["default"].get_connection_params()
-    other = psycopg.connect(
-        host=params.get("host"), port=params.get("port"), user=params.get("user"),
-        password=params.get("password") or None, dbname="postgres",
-    )  # fmt: skip
+    other = pg_session("postgres")
     try:
         start = settled()
         with other.transaction():

@@ -13,13 +13,12 @@ import time
 from collections import Counter
 
 import pytest
-from django.conf import settings
 from django.db import connection
-from django.test import override_settings
 
 from django_jobs.models import Job, Worker
 from tests import tasks
 from tests.conftest import read_log, wait_until
+from tests.factories import count_states, jobs_settings, records_of
 from tests.tasks import read_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -27,16 +26,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 SHORT_LEASE = {"JOBS_TEST_LEASE": "2"}
 
 
-def events(probe: str, event: str) -> list[dict]:
-    return [r for r in read_records(probe) if r.get("event") == event]
-
-
 def keys_of(probe: str, event: str) -> Counter:
-    return Counter(r["key"] for r in events(probe, event))
-
-
-def count_states(ids) -> Counter:
-    return Counter(Job.objects.filter(id__in=list(ids)).values_list("state", flat=True))
+    return Counter(r["key"] for r in records_of(probe, event))
 
 
 def all_completed(ids) -> bool:
@@ -60,7 +51,7 @@ def exactly_once_report(expected: set[str], ran: Counter) -> tuple[int, int, int
 def test_sigterm_drains_running_jobs_and_exits_0(worker_process, probe):
     ids = {f"d{i}": tasks.sleep_then_mark.enqueue(probe, f"d{i}", 1.5).id for i in range(6)}
     proc = worker_process("-c", "4", "--grace", "10")
-    wait_until(lambda: len(events(probe, "start")) == 4, timeout=30, message="4 jobs to start")
+    wait_until(lambda: len(records_of(probe, "start")) == 4, timeout=30, message="4 jobs to start")
     running_at_signal = set(keys_of(probe, "start"))
 
     proc.send_signal(signal.SIGTERM)
@@ -84,7 +75,7 @@ def test_sigterm_drains_running_jobs_and_exits_0(worker_process, probe):
 def test_sigterm_starts_no_job_that_was_not_running(worker_process, probe):
     ids = [tasks.sleep_then_mark.enqueue(probe, f"n{i}", 1.5).id for i in range(6)]
     proc = worker_process("-c", "4", "--grace", "10")
-    wait_until(lambda: len(events(probe, "start")) == 4, timeout=30, message="4 jobs to start")
+    wait_until(lambda: len(records_of(probe, "start")) == 4, timeout=30, message="4 jobs to start")
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, read_log(proc)
@@ -96,7 +87,7 @@ def test_sigterm_starts_no_job_that_was_not_running(worker_process, probe):
 def test_sigterm_after_short_grace_releases_the_running_job(worker_process, probe):
     result = tasks.sleep_then_mark.enqueue(probe, "long", 30)
     proc = worker_process("--grace", "1")
-    wait_until(lambda: events(probe, "start"), timeout=30, message="the job to start")
+    wait_until(lambda: records_of(probe, "start"), timeout=30, message="the job to start")
     assert Job.objects.get(id=result.id).state == "active"
 
     t0 = time.monotonic()
@@ -108,14 +99,14 @@ def test_sigterm_after_short_grace_releases_the_running_job(worker_process, prob
     # Released, not failed: the interrupted attempt is not counted against max_attempts.
     assert (job.state, job.attempts, job.worker_ids, job.errors) == ("waiting", 0, [], [])
     assert (job.lease_token, job.lease_expires_at, job.started_at) == (None, None, None)
-    assert events(probe, "end") == []
+    assert records_of(probe, "end") == []
     assert "releasing them" in read_log(proc)
 
 
 def test_second_sigterm_exits_at_once_and_the_lease_hands_the_job_on(worker_process, probe):
     result = tasks.sleep_then_mark.enqueue(probe, "twice", 4)
     a = worker_process("--worker-id", "worker-a", env=SHORT_LEASE)
-    wait_until(lambda: events(probe, "start"), timeout=30, message="worker A to start the job")
+    wait_until(lambda: records_of(probe, "start"), timeout=30, message="worker A to start the job")
 
     a.send_signal(signal.SIGTERM)
     # Python folds two pending signals into one handler call: let the first one land.
@@ -144,14 +135,14 @@ def test_second_sigterm_exits_at_once_and_the_lease_hands_the_job_on(worker_proc
 
     job = Job.objects.get(id=result.id)
     assert (job.stalled_count, job.attempts, job.worker_ids) == (1, 1, ["worker-b"])
-    assert [r["pid"] for r in events(probe, "start")] == [a.pid, b.pid]
-    assert [r["pid"] for r in events(probe, "end")] == [b.pid]
+    assert [r["pid"] for r in records_of(probe, "start")] == [a.pid, b.pid]
+    assert [r["pid"] for r in records_of(probe, "end")] == [b.pid]
 
 
 def test_running_job_keeps_its_lease_through_the_grace_period(worker_process, probe):
     result = tasks.sleep_then_mark.enqueue(probe, "graceful", 6)
     a = worker_process("-c", "1", "--grace", "20", "--worker-id", "worker-a", env=SHORT_LEASE)
-    wait_until(lambda: events(probe, "start"), timeout=30, message="worker A to start the job")
+    wait_until(lambda: records_of(probe, "start"), timeout=30, message="worker A to start the job")
     # B would rescue the job (and become leader) if A stopped renewing its lease and heartbeat
     # while draining: the 6 s job outlives A's 2 s lease three times over.
     b = worker_process("-c", "1", "--worker-id", "worker-b", env=SHORT_LEASE)
@@ -194,7 +185,7 @@ def test_eight_threads_with_concurrent_enqueues_report_no_database_errors(worker
 def test_sigkill_mid_job_another_worker_reruns_it_after_the_lease_expires(worker_process, probe):
     long = tasks.sleep_then_mark.enqueue(probe, "long", 3)
     a = worker_process("-c", "1", "--worker-id", "worker-a", env=SHORT_LEASE)
-    wait_until(lambda: events(probe, "start"), timeout=30, message="worker A to start the long job")
+    wait_until(lambda: records_of(probe, "start"), timeout=30, message="worker A to start the long job")
     # A's only slot is busy, so these wait for whoever is alive.
     others = {f"o{i}": tasks.mark.enqueue(probe, f"o{i}").id for i in range(50)}
 
@@ -213,11 +204,11 @@ def test_sigkill_mid_job_another_worker_reruns_it_after_the_lease_expires(worker
     job = Job.objects.get(id=long.id)
     # The stalled attempt is taken back (attempts and worker_ids), only stalled_count keeps it.
     assert (job.state, job.stalled_count, job.attempts, job.worker_ids) == ("completed", 1, 1, ["worker-b"])
-    assert [r["pid"] for r in events(probe, "start")] == [a.pid, b.pid]
-    assert [r["pid"] for r in events(probe, "end")] == [b.pid], "the long job ran to its end exactly once"
+    assert [r["pid"] for r in records_of(probe, "start")] == [a.pid, b.pid]
+    assert [r["pid"] for r in records_of(probe, "end")] == [b.pid], "the long job ran to its end exactly once"
 
     ran = Counter(r["key"] for r in read_records(probe) if "event" not in r)
-    ran["long"] = len(events(probe, "end"))
+    ran["long"] = len(records_of(probe, "end"))
     n, lost, duplicated = exactly_once_report({"long", *others}, ran)
     assert (lost, duplicated) == (0, 0), f"{n} jobs, {lost} lost, {duplicated} duplicated"
     assert count_states(all_ids) == {"completed": n}
@@ -335,7 +326,7 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll_interval(thread_worker
 
 @pytest.mark.postgres
 def test_notify_uses_the_channel_set_in_django_jobs_settings(thread_worker, probe):
-    with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "NOTIFY_CHANNEL": "jobs_custom"}):
+    with jobs_settings(NOTIFY_CHANNEL="jobs_custom"):
         worker = thread_worker(sleep=30)
         try:
             wait_until(lambda: getattr(worker.worker, "_listener", None))

@@ -15,6 +15,7 @@ from django.tasks.signals import task_finished
 
 from django_jobs.testing import perform_job
 from tests import tasks
+from tests.factories import insert_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,12 +134,8 @@ def test_signals_of_a_deferred_job_carry_its_run_after(thread_worker):
 def test_a_job_whose_task_no_longer_builds_does_not_stop_the_worker_writing_outcomes(thread_worker, probe):
     """The stored queue is one the task's backend no longer accepts: the job fails, no
     task_finished can be built for it, and the worker goes on writing the next outcomes."""
-    from django_jobs import engine
 
-    stale = engine.insert_job(
-        using="default", backend="limited", task_path="tests.tasks.limited_echo", queue="retired", priority=0,
-        args=[], kwargs={}, max_attempts=1, options={},
-    )  # fmt: skip
+    stale = insert_job(backend="limited", task_path="tests.tasks.limited_echo", queue="retired")
     later = [tasks.limited_echo.enqueue(i) for i in range(3)]
     stats = thread_worker(backend="limited", concurrency=1, stop_when_empty=True).join(timeout=30)
     from django_jobs.models import Job

@@ -19,17 +19,10 @@ from django_jobs.models import Job, JobDependency
 from django_jobs.testing import drain_queue
 from tests import tasks, tasks_flows
 from tests.conftest import wait_until
+from tests.factories import claim_job, records_of, state_of
 from tests.tasks import read_records
 
 SHORT_LEASE = {"JOBS_TEST_LEASE": "2"}
-
-
-def events(probe: str, name: str) -> list[dict]:
-    return [r for r in read_records(probe) if r.get("event") == name]
-
-
-def state(result) -> str:
-    return Job.objects.get(id=result.id).state
 
 
 # -- shape and order -----------------------------------------------------------------------------
@@ -76,7 +69,7 @@ def test_nested_flows_run_from_the_leaves_up(probe):
     ).enqueue()
     assert Job.objects.filter(state="waiting-children").count() == 2
     drain_queue()
-    assert state(root) == "completed"
+    assert state_of(root) == "completed"
     assert [(e["event"], e["name"]) for e in read_records(probe)] == [
         ("leaf", "leaf"),
         ("parent", "middle"),
@@ -121,7 +114,7 @@ def test_fail_policy_fails_the_parent_naming_the_child(probe):
     assert error["exception_class_path"] == "django_jobs.exceptions.ChildFailed"
     assert error["child_id"] == str(child.id)
     assert "x broke" in error["traceback"]
-    assert events(probe, "parent") == []
+    assert records_of(probe, "parent") == []
 
 
 @pytest.mark.django_db
@@ -135,9 +128,9 @@ def test_ignore_policy_runs_the_parent_which_sees_the_failure(probe):
         ],
     ).enqueue()
     drain_queue()
-    assert state(root) == "completed"
+    assert state_of(root) == "completed"
     broken = str(Job.objects.get(parent_id=root.id, task_path="tests.tasks_flows.breaks").id)
-    [parent_run] = events(probe, "parent")
+    [parent_run] = records_of(probe, "parent")
     assert parent_run["failures"] == [broken]
     assert list(parent_run["results"].values()) == ["ok"]
 
@@ -150,8 +143,8 @@ def test_remove_policy_drops_the_dependency(probe):
         children=[flow(tasks_flows.breaks, args=(probe, "x"), failure_policy="remove")],
     ).enqueue()
     drain_queue()
-    assert state(root) == "completed"
-    [parent_run] = events(probe, "parent")
+    assert state_of(root) == "completed"
+    [parent_run] = records_of(probe, "parent")
     assert parent_run["failures"] == [] and parent_run["results"] == {}
     assert JobDependency.objects.get(parent_id=root.id).status == "removed"
 
@@ -167,12 +160,12 @@ def test_continue_policy_starts_the_parent_at_once(probe):
         ],
     ).enqueue()
     drain_queue("first")
-    assert state(root) == "waiting", "released by the failure, before its other child ran"
+    assert state_of(root) == "waiting", "released by the failure, before its other child ran"
     drain_queue("default")
-    [parent_run] = events(probe, "parent")
+    [parent_run] = records_of(probe, "parent")
     assert len(parent_run["failures"]) == 1 and parent_run["results"] == {}
     drain_queue("later")  # the other child still runs; the parent is not released again
-    assert len(events(probe, "parent")) == 1
+    assert len(records_of(probe, "parent")) == 1
 
 
 @pytest.mark.django_db
@@ -183,7 +176,7 @@ def test_a_failed_parent_fails_its_own_parent_in_turn():
     ).enqueue()
     drain_queue()
     middle = Job.objects.get(parent_id=root.id)
-    assert middle.state == "failed" and state(root) == "failed"
+    assert middle.state == "failed" and state_of(root) == "failed"
     assert Job.objects.get(id=root.id).errors[0]["child_id"] == str(middle.id)
 
 
@@ -191,9 +184,9 @@ def test_a_failed_parent_fails_its_own_parent_in_turn():
 def test_a_child_that_is_retried_does_not_release_or_fail_its_parent_until_it_ends():
     root = flow(tasks.noop, children=[flow(tasks.always_fails.using(max_attempts=3, backoff=3600))]).enqueue()
     drain_queue(with_retries=False)
-    assert state(root) == "waiting-children"
+    assert state_of(root) == "waiting-children"
     drain_queue()
-    assert state(root) == "failed"
+    assert state_of(root) == "failed"
 
 
 # -- cancel --------------------------------------------------------------------------------------
@@ -216,7 +209,7 @@ def test_cancelling_a_parent_cancels_its_unfinished_children_all_the_way_down():
 
 
 def drain_queue_only(job_id):
-    [job] = engine.claim_jobs(using="default", queues=None, limit=1, worker_id="t", lease_seconds=30, job_ids=[job_id])
+    job = claim_job(job_id, worker_id="t")
     from django_jobs.testing import _run
 
     _run(job, "default", __import__("django_jobs.testing", fromlist=["DrainResult"]).DrainResult())
@@ -230,7 +223,7 @@ def test_cancelling_a_child_applies_its_failure_policy():
     assert JobDependency.objects.get(child_id=ignored.id).status == "ignored"
     assert Job.objects.get(id=root.id).pending_children == 1
     drain_queue()
-    assert state(root) == "completed"
+    assert state_of(root) == "completed"
 
 
 # -- attach --------------------------------------------------------------------------------------
@@ -243,7 +236,7 @@ def test_a_child_can_be_attached_to_a_parent_still_waiting_for_children(probe):
     assert Job.objects.get(id=root.id).pending_children == 2
     assert Job.objects.get(id=extra.id).parent_id == uuid.UUID(root.id)
     drain_queue()
-    [parent_run] = events(probe, "parent")
+    [parent_run] = records_of(probe, "parent")
     assert parent_run["results"][extra.id] == "late"
 
 
@@ -318,14 +311,14 @@ def _wide_flow(probe: str, n: int):
 def test_a_parent_of_200_children_finishing_together_on_3_workers_is_released_exactly_once(worker_process, probe):
     root = _wide_flow(probe, 200)
     workers = [worker_process("-c", "4", "--queue", "kids,default") for _ in range(3)]
-    wait_until(lambda: state(root) == "completed", timeout=120, message="the parent to complete")
+    wait_until(lambda: state_of(root) == "completed", timeout=120, message="the parent to complete")
     for w in workers:
         os.killpg(w.pid, signal.SIGTERM)
         w.wait(30)
-    parents = events(probe, "parent")
+    parents = records_of(probe, "parent")
     assert len(parents) == 1, "the parent ran exactly once"
     assert len(parents[0]["results"]) == 200
-    assert len(events(probe, "leaf")) == 200
+    assert len(records_of(probe, "leaf")) == 200
     assert Job.objects.filter(state="completed").count() == 201
 
 
@@ -338,7 +331,7 @@ def test_a_worker_killed_mid_flow_still_releases_the_parent_exactly_once(worker_
     ).enqueue()
     doomed = worker_process("-c", "4", "--queue", "kids,default", env=SHORT_LEASE)
     others = [worker_process("-c", "4", "--queue", "kids,default", env=SHORT_LEASE) for _ in range(2)]
-    wait_until(lambda: len(events(probe, "start")) >= 40, timeout=60, message="the flow to be under way")
+    wait_until(lambda: len(records_of(probe, "start")) >= 40, timeout=60, message="the flow to be under way")
     # Killed while it runs children (on a loaded machine it may start after the others took the
     # first 40): worker ids are "<host>-<pid>-<random>".
     wait_until(
@@ -348,11 +341,11 @@ def test_a_worker_killed_mid_flow_still_releases_the_parent_exactly_once(worker_
     )
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait(10)
-    wait_until(lambda: state(root) == "completed", timeout=120, message="the parent to complete")
+    wait_until(lambda: state_of(root) == "completed", timeout=120, message="the parent to complete")
     for w in others:
         os.killpg(w.pid, signal.SIGTERM)
         w.wait(30)
-    parents = events(probe, "parent")
+    parents = records_of(probe, "parent")
     assert len(parents) == 1, "the parent ran exactly once"
     assert len(parents[0]["results"]) == 200, "no child lost"
     assert Job.objects.filter(state="completed").count() == 201
@@ -390,7 +383,7 @@ def test_an_outcome_built_without_has_parent_still_moves_the_parent_on():
     [job] = engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w", lease_seconds=30)
     outcome = engine.Outcome(job_id=job.id, lease_token=job.lease_token, state="completed", return_value_json="7")
     engine.record_outcomes([outcome], using="default")
-    assert state(root) == "waiting"
+    assert state_of(root) == "waiting"
 
 
 @pytest.mark.django_db
@@ -399,7 +392,7 @@ def test_retrying_a_parent_with_unfinished_children_is_refused():
 
     root = flow(tasks.noop, children=[flow(tasks.always_fails), flow(tasks.noop.using(queue_name="later"))]).enqueue()
     drain_queue("default")
-    assert state(root) == "failed"
+    assert state_of(root) == "failed"
     with pytest.raises(JobNotRetryable, match="still has 1 unfinished flow child"):
         django_jobs.retry(root.id)
     drain_queue("later")

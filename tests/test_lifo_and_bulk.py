@@ -8,6 +8,7 @@ import asyncio
 import importlib
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -24,14 +25,14 @@ from django_jobs.backend import JobCall, JobResult
 from django_jobs.exceptions import InvalidArgumentValue, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
 from django_jobs.models import Job
 from django_jobs.states import JobState
-from tests import tasks
+from tests import factories, tasks
+from tests.factories import insert_job, plain_function
 from tests.tasks import read_records
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)
 
 T0 = timezone.now().replace(microsecond=123_456) - timedelta(days=1)
-LEASE = 30
 CHUNK = engine.INSERT_CHUNK
 
 
@@ -39,29 +40,9 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def plain_function():
-    """A module-level function the tests decorate themselves."""
-
-
-def make_job(*, lifo: bool = False, priority: int = 0, now: datetime = T0, run_after: datetime | None = None) -> Job:
-    return engine.insert_job(
-        using="default",
-        backend="default",
-        task_path="tests.tasks.noop",
-        queue="default",
-        priority=priority,
-        args=[],
-        kwargs={},
-        max_attempts=3,
-        options={},
-        run_after=run_after,
-        lifo=lifo,
-        now=now,
-    )
-
-
-def claim(*, limit: int = 100, now: datetime | None = T0) -> list[engine.ClaimedJob]:
-    return engine.claim_jobs(using="default", queues=None, limit=limit, worker_id="w1", lease_seconds=LEASE, now=now)
+#: The factories on this module's clock (at ``T0`` unless ``now`` says otherwise); jobs of 3 attempts.
+make_job = partial(insert_job, now=T0, max_attempts=3)
+claim = partial(factories.claim, now=T0)
 
 
 def claim_one_by_one(now: datetime | None = T0) -> list[uuid.UUID]:

@@ -8,22 +8,17 @@ Contract tests on both databases; time is a parameter (``now=``) wherever the en
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 import signal
-import subprocess
-import sys
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
-from django.conf import settings
 from django.db import connection, transaction
 from django.tasks import task_backends
-from django.test import override_settings
 from django.utils import timezone
 
 import django_jobs
@@ -33,8 +28,9 @@ from django_jobs.exceptions import JobsConfigurationError
 from django_jobs.models import Job, JobDependency, JobStart, QueueState, Schedule, Worker
 from django_jobs.models.dedup import JobDedup, JobDedupNext
 from django_jobs.queues import InvalidQueueSetting, QueueLimits, sync_queues
-from tests import tasks_limits
-from tests.conftest import ROOT, read_log, subprocess_env, wait_until
+from tests import factories, tasks_limits
+from tests.conftest import read_log, wait_until
+from tests.factories import jobs_settings, lock_waiters, race, race_scripts
 from tests.tasks import read_records
 
 UNFINISHED = ["waiting", "delayed", "active", "waiting-children"]
@@ -42,15 +38,9 @@ UNFINISHED = ["waiting", "delayed", "active", "waiting-children"]
 
 # -- helpers ------------------------------------------------------------------------------------
 
-
-def claim(queues: list[str] | None = None, n: int = 10) -> list:
-    return engine.claim_jobs(using="default", queues=queues, limit=n, worker_id="w", lease_seconds=30)
-
-
-def claim_gated(queue: str, n: int = 10, now: datetime | None = None, worker_id: str = "w") -> tuple[list, float]:
-    return engine.claim_gated_jobs(
-        using="default", queue=queue, limit=n, worker_id=worker_id, lease_seconds=30, now=now
-    )
+#: The factories as these tests claim: up to 10 jobs, as worker "w".
+claim = partial(factories.claim, limit=10, worker_id="w")
+claim_gated = partial(factories.claim_gated, limit=10, worker_id="w")
 
 
 def finish(jobs: list, state: str = "completed") -> None:
@@ -75,37 +65,6 @@ def unfinished(queue: str) -> int:
 
 def ids(jobs) -> set[str]:
     return {str(j.id) for j in jobs}
-
-
-def jobs_settings(**overrides) -> override_settings:
-    return override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, **overrides})
-
-
-def race(n: int, fn: Callable[[int], object], timeout: float = 60) -> list:
-    """Run ``fn(i)`` in ``n`` threads released together; each thread uses (and closes) its own
-    database connection. Returns the results in thread order; re-raises the first error."""
-    barrier = threading.Barrier(n)
-    results: list = [None] * n
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait(10)
-            results[i] = fn(i)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a racing thread did not finish"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def max_overlap(records: list[dict]) -> int:
@@ -137,17 +96,8 @@ def wait_until_blocked(thread: threading.Thread) -> None:
     SQLite's busy wait cannot be seen, so there the thread gets half a second to reach it."""
     if connection.vendor == "postgresql":
         other = connection.copy()
-
-        def lock_waiters() -> int:
-            with other.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-                return cursor.fetchone()[0]
-
         try:
-            wait_until(lock_waiters, timeout=15, message="the other thread to wait for the lock")
+            wait_until(lambda: lock_waiters(other), timeout=15, message="the other thread to wait for the lock")
         finally:
             other.close()
     else:
@@ -325,7 +275,7 @@ def test_the_fast_claim_never_takes_jobs_of_a_gated_queue(limits):
     django_jobs.queue("gated").configure(**limits)
     gated = enqueue("gated", 3)
     free = enqueue("free", 2)
-    assert ids(claim(n=10)) == ids(free)
+    assert ids(claim(limit=10)) == ids(free)
     assert claim(queues=["gated"]) == []
     assert engine.gated_queues(using="default", queues=None) == ["gated"]
     assert engine.gated_queues(using="default", queues=["free"]) == []
@@ -348,9 +298,9 @@ def test_claim_gated_jobs_keeps_the_active_jobs_of_the_queue_at_the_limit():
     q.set_concurrency(3)
     enqueue("conc", 9)
     enqueue("bystander", 2)
-    first, wake = claim_gated("conc", n=2)
+    first, wake = claim_gated("conc", limit=2)
     assert (len(first), wake) == (2, None)
-    second, _ = claim_gated("conc", n=10)
+    second, _ = claim_gated("conc", limit=10)
     assert len(second) == 1
     assert claim_gated("conc") == ([], None)
     assert active("conc") == 3
@@ -389,7 +339,7 @@ def test_racing_threads_never_claim_past_the_concurrency_limit():
         def racer(i: int) -> list:
             got: list = []
             for _ in range(3):  # each thread tries more than once: every slot is fought over
-                got += claim_gated("raced", n=3, worker_id=f"racer-{i}")[0]
+                got += claim_gated("raced", limit=3, worker_id=f"racer-{i}")[0]
             return got
 
         claimed = [j for got in race(racers, racer) for j in got]
@@ -422,7 +372,7 @@ def test_threads_claiming_and_finishing_at_once_never_pass_the_concurrency_limit
     def racer(i: int) -> int:
         ran = 0
         while Job.objects.filter(queue="churn", state__in=["waiting", "active"]).exists():
-            jobs, _ = claim_gated("churn", n=2, worker_id=f"churner-{i}")
+            jobs, _ = claim_gated("churn", limit=2, worker_id=f"churner-{i}")
             finish(jobs)
             ran += len(jobs)
         return ran
@@ -473,7 +423,7 @@ def test_a_rate_limit_allows_its_count_per_window_and_says_when_the_next_may_sta
     start = t0()
     django_jobs.queue("rated").set_rate_limit(3, 10)
     enqueue("rated", 10)
-    first, wake = claim_gated("rated", n=10, now=start)
+    first, wake = claim_gated("rated", limit=10, now=start)
     assert (len(first), wake) == (3, None)
     assert {j.last_attempted_at for j in first} == {start}
     assert claim_gated("rated", now=start) == ([], 10.0)
@@ -482,7 +432,7 @@ def test_a_rate_limit_allows_its_count_per_window_and_says_when_the_next_may_sta
     assert claim_gated("rated", now=start + timedelta(seconds=5)) == ([], 5.0)
     assert claim_gated("rated", now=start + timedelta(seconds=9.999999)) == ([], pytest.approx(0.000001))
     later = start + timedelta(seconds=10, microseconds=1)
-    second, wake = claim_gated("rated", n=10, now=later)
+    second, wake = claim_gated("rated", limit=10, now=later)
     assert (len(second), wake) == (3, None)
     assert {j.last_attempted_at for j in second} == {later}
     assert list(JobStart.objects.filter(queue="rated").values_list("started_at", flat=True)) == [later] * 3
@@ -498,16 +448,16 @@ def test_the_rate_window_slides_with_each_start_instead_of_resetting():
 
     django_jobs.queue("sliding").set_rate_limit(3, 10)
     enqueue("sliding", 12)
-    assert len(claim_gated("sliding", n=2, now=at(0))[0]) == 2
-    assert len(claim_gated("sliding", n=10, now=at(9))[0]) == 1
+    assert len(claim_gated("sliding", limit=2, now=at(0))[0]) == 2
+    assert len(claim_gated("sliding", limit=10, now=at(9))[0]) == 1
     assert claim_gated("sliding", now=at(9.5)) == ([], pytest.approx(0.5))
     # A fixed window [10, 20) would allow 3 now; the start at 9 is still within the last 10 s.
-    jobs, wake = claim_gated("sliding", n=10, now=at(10.5))
+    jobs, wake = claim_gated("sliding", limit=10, now=at(10.5))
     assert (len(jobs), wake) == (2, None)
     assert claim_gated("sliding", now=at(10.5)) == ([], pytest.approx(8.5))
-    assert len(claim_gated("sliding", n=10, now=at(19.000001))[0]) == 1
+    assert len(claim_gated("sliding", limit=10, now=at(19.000001))[0]) == 1
     assert claim_gated("sliding", now=at(20)) == ([], pytest.approx(0.5))
-    assert len(claim_gated("sliding", n=10, now=at(20.500001))[0]) == 2
+    assert len(claim_gated("sliding", limit=10, now=at(20.500001))[0]) == 2
     starts = sorted(Job.objects.filter(queue="sliding").exclude(last_attempted_at=None).values_list(
         "last_attempted_at", flat=True))  # fmt: skip
     assert len(starts) == 8
@@ -519,11 +469,11 @@ def test_concurrency_and_rate_limits_hold_together():
     start = t0()
     django_jobs.queue("both").configure(concurrency=2, rate_limit=(3, 10))
     enqueue("both", 6)
-    first, wake = claim_gated("both", n=10, now=start)
+    first, wake = claim_gated("both", limit=10, now=start)
     assert (len(first), wake) == (2, None)
     finish(first)
-    assert len(claim_gated("both", n=10, now=start + timedelta(seconds=1))[0]) == 1
-    assert claim_gated("both", n=10, now=start + timedelta(seconds=2)) == ([], 8.0)
+    assert len(claim_gated("both", limit=10, now=start + timedelta(seconds=1))[0]) == 1
+    assert claim_gated("both", limit=10, now=start + timedelta(seconds=2)) == ([], 8.0)
 
 
 @pytest.mark.slow
@@ -591,7 +541,7 @@ def test_every_unfinished_state_takes_room_and_a_finished_job_frees_it():
     enqueue("bp")  # the completed job left room for one
     with pytest.raises(QueueFull):
         enqueue("bp")
-    [failing] = claim(queues=["bp"], n=1)
+    [failing] = claim(queues=["bp"], limit=1)
     assert str(failing.id) == waiting.id
     finish([failing], state="failed")
     enqueue("bp")
@@ -703,7 +653,7 @@ def test_a_dedup_enqueue_on_a_full_queue_takes_no_key_and_a_duplicate_still_retu
     with pytest.raises(QueueFull):
         task.enqueue_many([(1,), (2,)])
     assert unfinished("bp") == 2
-    finish(claim(queues=["bp"], n=1))
+    finish(claim(queues=["bp"], limit=1))
     [new] = enqueue("bp", dedup=Dedup("new"))
     assert not new.duplicate and JobDedup.objects.filter(key="new").exists()
 
@@ -901,28 +851,7 @@ print(json.dumps({"ok": ok, "full": full}))
 def test_racing_enqueuer_processes_let_in_exactly_the_max_size(tmp_path):
     limit, racers, attempts = 23, 8, 6
     django_jobs.queue("bp-procs").set_max_size(limit)
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", ENQUEUE_SCRIPT, str(go), "bp-procs", str(attempts)],
-            cwd=ROOT,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(racers)
-    ]
-    try:
-        wait_until(lambda: len(list(tmp_path.glob("go.*.ready"))) == racers, timeout=60, message="enqueuers")
-        go.touch()
-        outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
-    results = [json.loads(out) for out, _ in outputs]
+    results = race_scripts(ENQUEUE_SCRIPT, "bp-procs", str(attempts), processes=racers, go=tmp_path / "go")
     assert sum(r["ok"] for r in results) == limit
     assert sum(r["full"] for r in results) == racers * attempts - limit
     assert unfinished("bp-procs") == limit
@@ -1104,7 +1033,7 @@ def test_a_paused_gated_queue_is_not_claimed_until_resumed():
 def test_an_admin_edit_goes_through_the_engine_and_drops_a_removed_rate_limits_log(admin_client):
     django_jobs.queue("admin-q").set_rate_limit(2, 60)
     enqueue("admin-q", 3)
-    jobs, _ = claim_gated("admin-q", n=3)
+    jobs, _ = claim_gated("admin-q", limit=3)
     assert len(jobs) == 2 and JobStart.objects.filter(queue="admin-q").count() == 2
     form = {"name": "admin-q", "concurrency_limit": "4", "rate_limit": "", "rate_window_seconds": "",
             "max_size": "", "partition_concurrency": "", "partition_rate_limit": "",

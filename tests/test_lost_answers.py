@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 
@@ -25,7 +24,8 @@ from django.db import connection
 
 from django_jobs.models import Job
 from tests import tasks, tasks_partitions
-from tests.conftest import ROOT, read_log, subprocess_env, wait_until
+from tests.conftest import read_log, wait_until
+from tests.factories import count_states, run_python
 from tests.faultproxy import Cut, FaultProxy, Trap
 from tests.tasks import read_records
 
@@ -109,10 +109,6 @@ def summary_counts(log: str) -> tuple[int, ...] | None:
     """(processed, completed, failed, retried) from the worker's last stop summary."""
     found = SUMMARY.findall(log)
     return tuple(int(n) for n in found[-1]) if found else None
-
-
-def states_of(ids) -> Counter:
-    return Counter(Job.objects.filter(id__in=list(ids)).values_list("state", flat=True))
 
 
 def check(problems: list[str], proc: subprocess.Popen) -> None:
@@ -201,7 +197,7 @@ def test_a_claim_whose_answer_is_lost_leaves_no_job_active_and_the_worker_stops_
         problems.append(f"the worker exited with {proc.returncode}")
     if stuck := watch.over(STUCK_BOUND):
         problems.append(f"jobs active (and run by no one) for longer than {STUCK_BOUND} s: {stuck}")
-    states = states_of(ids)
+    states = count_states(ids)
     if states != {"completed": len(ids)}:
         problems.append(f"{cut.rows} job(s) claimed by the lost claim; states now {dict(states)}")
     ran = Counter(r["key"] for r in read_records(probe) if "key" in r) + Counter(
@@ -241,7 +237,7 @@ def run_partitions_losing(
         problems.append("the worker (--stop-when-empty) did not exit within 25 s")
     elif proc.returncode != 0:
         problems.append(f"the worker exited with {proc.returncode}")
-    states = states_of(ids.values())
+    states = count_states(ids.values())
     if states != {"completed": len(ids)}:
         problems.append(f"states {dict(states)}")
     records = read_records(probe)
@@ -339,14 +335,7 @@ def test_a_cancel_whose_answer_is_lost_still_cancels_the_running_job_and_says_so
     wait_until(lambda: read_records(probe), timeout=20, message="the worker to start the job")
 
     trap = fault_proxy.arm(CANCEL_FLAG)
-    command = subprocess.run(
-        [sys.executable, "-m", "django", "jobs", "cancel", str(result.id)],
-        cwd=ROOT,
-        env=subprocess_env(fault_proxy.env()),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    command = run_python("-m", "django", "jobs", "cancel", str(result.id), env=fault_proxy.env(), timeout=60)
     cut = fired(fault_proxy, trap)
     assert cut.after and cut.after[-1] == "COMMIT", f"the trapped cancel was not committed: {cut}"
     output = f"exit code {command.returncode}\nstdout:\n{command.stdout}\nstderr:\n{command.stderr}"

@@ -17,6 +17,7 @@ from django_jobs.models import Event, Job, Metric
 from django_jobs.testing import drain_queue
 from tests import tasks_console
 from tests.conftest import read_log, wait_until
+from tests.factories import claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +31,7 @@ def totals(queue: str) -> tuple[int, int, int, int]:
 
 
 def claim_all(queue: str, worker_id: str = "w-metrics"):
-    return engine.claim_jobs(using="default", queues=[queue], limit=100, worker_id=worker_id, lease_seconds=30)
+    return claim(queues=[queue], worker_id=worker_id)
 
 
 def test_drained_jobs_are_counted_per_outcome():

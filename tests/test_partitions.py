@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
+from functools import partial
 
 import pytest
 from django.db import connection, transaction
@@ -31,77 +32,38 @@ from django_jobs.exceptions import InvalidFlow, InvalidTaskOptions
 from django_jobs.models import Job, JobDependency
 from django_jobs.models.dedup import JobDedupNext
 from django_jobs.testing import drain_queue, perform_job
-from tests import tasks, tasks_partitions
+from tests import factories, tasks, tasks_partitions
 from tests.conftest import read_log, wait_until
+from tests.factories import claim_gated, insert_job, state_of
 from tests.tasks import read_records
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)
 
 T0 = timezone.now().replace(microsecond=250_000) - timedelta(days=1)
-LEASE = 30
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def make_job(
-    partition: str | None,
-    *,
-    queue: str = "default",
-    now: datetime = T0,
-    run_after: datetime | None = None,
-    max_attempts: int = 1,
-    priority: int = 0,
-) -> Job:
-    return engine.insert_job(
-        using="default",
-        backend="default",
-        task_path="tests.tasks.noop",
-        queue=queue,
-        priority=priority,
-        args=[],
-        kwargs={},
-        max_attempts=max_attempts,
-        options={},
-        run_after=run_after,
-        partition=partition,
-        now=now,
-    )
+def make_job(partition: str | None, **fields) -> Job:
+    return insert_job(partition=partition, **{"now": T0, **fields})
 
 
-def claim(*, now: datetime = T0, limit: int = 100, queues: list[str] | None = None) -> list[engine.ClaimedJob]:
-    return engine.claim_jobs(using="default", queues=queues, limit=limit, worker_id="w1", lease_seconds=LEASE, now=now)
-
-
-def claim_gated(queue: str, *, now: datetime, limit: int = 100) -> tuple[list[engine.ClaimedJob], float | None]:
-    return engine.claim_gated_jobs(
-        using="default", queue=queue, limit=limit, worker_id="w1", lease_seconds=LEASE, now=now
-    )
+#: The factories on this module's clock: at ``T0`` unless ``now`` says otherwise.
+claim = partial(factories.claim, now=T0)
+finish = partial(factories.finish, now=T0)
 
 
 def ids(claimed: list[engine.ClaimedJob]) -> set[uuid.UUID]:
     return {c.id for c in claimed}
 
 
-def finish(claimed: engine.ClaimedJob, state: str = "completed", *, now: datetime = T0, **kwargs) -> None:
-    written = engine.record_outcomes(
-        [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state=state, **kwargs)],
-        using="default",
-        now=now,
-    )
-    assert claimed.id in written, f"the {state} outcome of {claimed.id} was not written"
-
-
 def sweep() -> int:
     """One run of the leader's partition sweeper (PartitionSweeper.run_once): frees the next job
     of a partition that a cancel, a delete or a race left without a claimable one."""
     return engine.unblock_partitions(using="default", limit=100)
-
-
-def state_of(job_id) -> str:
-    return Job.objects.get(id=job_id).state
 
 
 ERROR = {"exception_class_path": "builtins.RuntimeError", "traceback": "RuntimeError: boom\n"}

@@ -6,8 +6,8 @@ from django.db import connection
 from django.test import override_settings
 
 from django_jobs import engine
-from django_jobs.engine import Outcome
 from django_jobs.models import Job
+from tests.factories import claim, record
 
 from . import tasks
 
@@ -27,9 +27,8 @@ def prepared() -> dict[str, tuple[int, int]]:
 def drain_one_by_one(n: int) -> None:
     for _ in range(n):
         tasks.noop.enqueue()
-        [job] = engine.claim_jobs(using="default", queues=None, limit=1, worker_id="w", lease_seconds=30)
-        outcome = Outcome(job_id=job.id, lease_token=job.lease_token, state="completed", queue=job.queue)
-        assert engine.record_outcomes([outcome], using="default") == {job.id: "completed"}
+        [job] = claim(limit=1, worker_id="w")
+        assert record(job, queue=job.queue) == {job.id: "completed"}
 
 
 def test_the_hot_statements_are_prepared_once_and_planned_generically():

@@ -4,22 +4,22 @@ clean, obliterate. Contract tests on both databases; pause with a real worker th
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.utils import timezone
 
 import django_jobs
-from django_jobs import engine, flow
+from django_jobs import flow
 from django_jobs.exceptions import InvalidQueueName
 from django_jobs.models import Job, JobDependency, QueueState
 from django_jobs.queues import QueueBusy
 from django_jobs.testing import drain_queue
-from tests import tasks
+from tests import factories, tasks
 from tests.conftest import wait_until
 
-
-def claim(n=10, queues=None):
-    return engine.claim_jobs(using="default", queues=queues, limit=n, worker_id="w", lease_seconds=30)
+#: The factory as these tests claim: up to 10 jobs, as worker "w".
+claim = partial(factories.claim, limit=10, worker_id="w")
 
 
 @pytest.mark.django_db
@@ -60,7 +60,7 @@ def test_counts_report_the_unfinished_states():
     t.enqueue()
     t.enqueue()
     t.using(run_after=timedelta(hours=1)).enqueue()
-    claim(1, queues=["counted"])
+    claim(limit=1, queues=["counted"])
     flow(t, children=[flow(t)]).enqueue()
     assert q.counts() == {"waiting": 2, "delayed": 1, "active": 1, "waiting-children": 1}
 
@@ -105,7 +105,7 @@ def test_obliterate_refuses_while_jobs_run_unless_forced():
     t = tasks.noop.using(queue_name="doomed")
     t.enqueue()
     t.enqueue()
-    claim(1, queues=["doomed"])
+    claim(limit=1, queues=["doomed"])
     q.pause()
     with pytest.raises(QueueBusy, match="has 1 running job"):
         q.obliterate()

@@ -11,6 +11,7 @@ import io
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 from django.conf import settings
@@ -22,15 +23,14 @@ from django.utils import timezone
 
 import django_jobs
 from django_jobs import Dedup, engine, flow
-from django_jobs.conf import get_settings
 from django_jobs.exceptions import InvalidTaskOptions
 from django_jobs.models import Event, Job, JobDependency, JobLog, Metric
 from django_jobs.models.dedup import JobDedup
 from django_jobs.retention import DEFAULT_AGE
-from django_jobs.services import Pruner
 from django_jobs.testing import drain_queue
 from tests import tasks, tasks_console, tasks_flows
 from tests.conftest import wait_until
+from tests.factories import claim_job, enqueue_and_drain, job_row, jobs_settings, prune, pruner, run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,34 +41,17 @@ SLACK = timedelta(seconds=5)
 FAR = timedelta(days=3650)
 
 
-def jobs_settings(**overrides) -> override_settings:
-    return override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, **overrides})
-
-
 def retention(value) -> override_settings:
     return jobs_settings(RETENTION=value)
 
 
-def pruner(**overrides) -> Pruner:
-    s = get_settings()
-    if overrides:
-        from dataclasses import replace
-
-        s = replace(s, **overrides)
-    return Pruner(using="default", settings=s, interval=1.0)
-
-
-def prune(now: datetime | None = None, **overrides) -> dict[str, int]:
-    return pruner(**overrides).run_once(now=now)
-
-
-def job(result) -> Job:
-    return Job.objects.get(id=result.id if hasattr(result, "id") else result)
+#: Enqueue and run a job, on queue "r-default" unless ``queue`` says otherwise.
+run = partial(enqueue_and_drain, queue="r-default")
 
 
 def kept_for(result) -> timedelta | None:
     """How long after it finished the job may be deleted (None: kept forever)."""
-    row = job(result)
+    row = job_row(result)
     assert row.finished_at is not None, f"job {row.id} is {row.state}, not finished"
     return None if row.purge_at is None else row.purge_at - row.finished_at
 
@@ -79,24 +62,6 @@ def assert_kept_for(result, age: timedelta | None) -> None:
         assert got is None, f"kept forever, but purge_at is finished_at + {got}"
     else:
         assert got is not None and abs(got - age) <= SLACK, f"kept for {got}, expected {age}"
-
-
-def run(task, *args, queue: str = "r-default", **kwargs):
-    result = task.using(queue_name=queue).enqueue(*args, **kwargs)
-    drain_queue(queue)
-    return result
-
-
-def claim(result, worker_id: str = "w-ret", lease_seconds: float = 30):
-    [claimed] = engine.claim_jobs(
-        using="default",
-        queues=None,
-        limit=1,
-        worker_id=worker_id,
-        lease_seconds=lease_seconds,
-        job_ids=[uuid.UUID(str(result.id))],
-    )
-    return claimed
 
 
 def exists(result) -> bool:
@@ -148,7 +113,7 @@ def test_a_task_policy_overrides_the_queue_and_global_ones():
         declared = run(tasks_console.kept_two_minutes, queue="r-q")
         # The task says nothing of "failed": the queue's, then the global policy applies.
         failed = tasks_console.kept_two_minutes.using(queue_name="r-q").enqueue()
-        claimed = claim(failed)
+        claimed = claim_job(failed)
         engine.record_outcomes(
             [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state="failed", queue="r-q",
                             retention=claimed.options.get("retention"), error={"exception_class_path": "x.Y",
@@ -174,7 +139,7 @@ def test_none_keeps_forever_at_every_level():
         by_task = run(tasks_console.kept_forever)
         by_using = run(tasks_console.purged_at_once.using(retention={"completed": None}))
         for result in (by_global, by_queue, by_task, by_using):
-            assert job(result).purge_at is None
+            assert job_row(result).purge_at is None
         assert prune(now=timezone.now() + FAR)["jobs"] == 0
     assert all(exists(r) for r in (by_global, by_queue, by_task, by_using))
 
@@ -198,7 +163,7 @@ def test_zero_and_true_delete_at_the_next_prune():
 def test_a_retried_attempt_has_no_purge_at(backoff):
     task = tasks_console.fails_first_attempt.using(queue_name="r-retry", retention={"failed": 0}, backoff=backoff)
     result = task.enqueue()
-    claimed = claim(result)
+    claimed = claim_job(result)
     engine.record_outcomes(
         [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token,
                         state="delayed" if backoff else "waiting",
@@ -207,7 +172,7 @@ def test_a_retried_attempt_has_no_purge_at(backoff):
                         queue="r-retry", retention=claimed.options.get("retention"))],
         using="default",
     )  # fmt: skip
-    row = job(result)
+    row = job_row(result)
     assert (row.state, row.purge_at, row.finished_at) == ("delayed" if backoff else "waiting", None, None)
     assert prune(now=timezone.now() + FAR)["jobs"] == 0 and exists(result)
 
@@ -217,20 +182,20 @@ def test_a_job_retried_by_a_worker_is_not_pruned_between_its_attempts():
         queue_name="r-retry-drain", retention={"failed": 0, "completed": 3600}, backoff=3600
     ).enqueue()
     drain_queue("r-retry-drain", with_retries=False)
-    row = job(result)
+    row = job_row(result)
     assert (row.state, row.attempts, row.purge_at) == ("delayed", 1, None)
     assert prune(now=timezone.now() + FAR)["jobs"] == 0
     drain_queue("r-retry-drain")
-    assert job(result).state == "completed"
+    assert job_row(result).state == "completed"
     assert_kept_for(result, timedelta(hours=1))
 
 
 def test_retry_of_a_failed_job_clears_purge_at_and_the_pruner_leaves_it():
     with retention({"failed": 0}):
         result = run(tasks_console.fails)
-    assert job(result).purge_at is not None
+    assert job_row(result).purge_at is not None
     assert engine.retry_job(using="default", job_id=uuid.UUID(result.id))
-    row = job(result)
+    row = job_row(result)
     assert (row.state, row.purge_at) == ("waiting", None)
     assert prune(now=timezone.now() + FAR)["jobs"] == 0
     assert exists(result)
@@ -250,24 +215,24 @@ def test_a_cancelled_waiting_job_gets_the_cancelled_policy():
 def test_a_running_job_cancelled_gets_the_cancelled_policy_when_its_attempt_ends():
     with retention({"cancelled": 60, "completed": 3600}):
         result = tasks_console.ok.using(queue_name="r-cancel-run").enqueue()
-        claimed = claim(result)
+        claimed = claim_job(result)
         django_jobs.cancel(result.id)
         engine.record_outcomes(
             [engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state="completed",
                             queue=claimed.queue)],
             using="default",
         )  # fmt: skip
-    assert job(result).state == "cancelled"
+    assert job_row(result).state == "cancelled"
     assert_kept_for(result, timedelta(seconds=60))
 
 
 def test_a_cancelled_job_released_at_shutdown_gets_the_cancelled_policy():
     with retention({"cancelled": 90}):
         result = tasks_console.ok.using(queue_name="r-release").enqueue()
-        claim(result, worker_id="w-release")
+        claim_job(result, worker_id="w-release")
         django_jobs.cancel(result.id)
         engine.release_jobs(using="default", worker_id="w-release")
-    assert job(result).state == "cancelled"
+    assert job_row(result).state == "cancelled"
     assert_kept_for(result, timedelta(seconds=90))
 
 
@@ -275,8 +240,8 @@ def test_a_job_failed_by_the_rescuer_gets_the_failed_policy():
     with retention({"failed": 45}):
         result = tasks_console.ok.using(queue_name="r-stall").enqueue()
         by_task = tasks_console.ok.using(queue_name="r-stall", retention={"failed": 7}).enqueue()
-        claim(result, lease_seconds=1)
-        claim(by_task, lease_seconds=1)
+        claim_job(result, lease_seconds=1)
+        claim_job(by_task, lease_seconds=1)
         later = timezone.now() + timedelta(seconds=30)
         rows = engine.rescue_stalled_jobs(using="default", max_stalled=0, limit=10, now=later)
     assert [r.state for r in rows] == ["failed", "failed"]
@@ -288,13 +253,13 @@ def test_a_flow_parent_failed_by_its_child_gets_the_failed_policy():
     with retention({"failed": 30, "queues": {"r-parent": {"failed": 15}}}):
         root = flow(tasks.noop.using(queue_name="r-parent"), children=[flow(tasks_console.fails)]).enqueue()
         drain_queue()
-    assert job(root).state == "failed"
+    assert job_row(root).state == "failed"
     assert_kept_for(root, timedelta(seconds=15))
 
 
 def test_the_task_policy_is_stored_with_the_job_and_survives_the_json_round_trip():
     result = tasks_console.kept_two_minutes.using(queue_name="r-json").enqueue()
-    assert job(result).options["retention"] == {"completed": {"age": 120.0, "count": None}}
+    assert job_row(result).options["retention"] == {"completed": {"age": 120.0, "count": None}}
 
 
 # -- the pruner: what goes with a job, what never goes -------------------------------------------
@@ -323,7 +288,7 @@ def test_the_pruner_deletes_a_parents_edges_and_keeps_its_children_without_it(pr
     ).enqueue()
     drain_queue("r-flow")
     children = list(Job.objects.filter(parent_id=root.id).values_list("id", flat=True))
-    assert len(children) == 2 and job(root).state == "completed"
+    assert len(children) == 2 and job_row(root).state == "completed"
     assert JobDependency.objects.filter(parent_id=root.id).count() == 2
 
     assert prune()["jobs"] == 1
@@ -347,7 +312,7 @@ def test_a_parent_that_finished_before_its_children_waits_for_them_to_be_pruned(
     ).enqueue()
     drain_queue("r-early-first")
     drain_queue("r-early")
-    assert job(root).state == "completed"
+    assert job_row(root).state == "completed"
     later = Job.objects.get(parent_id=root.id, queue="r-early-later")
     assert later.state == "waiting"
 
@@ -371,15 +336,15 @@ def test_the_pruner_never_deletes_an_unfinished_job_even_with_a_purge_at(state):
     else:
         result = tasks_console.ok.using(queue_name="r-unfinished").enqueue()
         if state == "active":
-            claim(result)
+            claim_job(result)
     # Only a finished job gets a purge_at; set one by hand, as a bug or an old row might have.
     Job.objects.filter(id=result.id).update(purge_at=timezone.now() - DAY)
-    assert job(result).state == state
+    assert job_row(result).state == state
 
     assert engine.prune_expired_jobs(using="default", limit=100, now=timezone.now() + FAR) == 0
     counts = prune(now=timezone.now() + FAR)
     assert counts["jobs"] == 0
-    assert job(result).state == state
+    assert job_row(result).state == state
 
 
 def test_count_limits_never_delete_unfinished_jobs():
@@ -777,30 +742,19 @@ def test_an_invalid_retention_in_a_task_declaration_is_refused():
 
 def test_dedup_and_retention_together_are_stored():
     result = tasks_console.ok.using(queue_name="r-both-opts", dedup=Dedup("k"), retention={"failed": 5}).enqueue()
-    assert job(result).options["retention"] == {"failed": {"age": 5.0, "count": None}}
+    assert job_row(result).options["retention"] == {"failed": {"age": 5.0, "count": None}}
 
 
 def test_manage_py_jobs_prune_in_a_fresh_process_applies_a_tasks_count_limit():
     """The task count limits the pruner knows are those of the tasks imported in its process: a
     fresh ``manage.py jobs prune`` imports each app's tasks.py, as a worker does, so a task
     declared there has its count applied."""
-    import subprocess
-    import sys
-
     from tests import tasks
-    from tests.conftest import ROOT, subprocess_env
 
     for i in range(5):
         run(tasks.keeps_two_latest, i, queue="r-cli-count")
     keep = newest("r-cli-count", 2)
-    out = subprocess.run(
-        [sys.executable, "-m", "django", "jobs", "prune"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_python("-m", "django", "jobs", "prune", timeout=120)
     assert out.returncode == 0, out.stderr
     assert "3 over a count limit" in out.stdout, out.stdout
     assert set(Job.objects.filter(queue="r-cli-count").values_list("id", flat=True)) == keep

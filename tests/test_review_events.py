@@ -13,50 +13,21 @@ import pytest
 from django.conf import settings
 from django.db import connections, transaction
 from django.tasks import task_backends
-from django.test import override_settings
 from django.utils import timezone
 
 import django_jobs
 from django_jobs import Dedup, engine, flow
-from django_jobs.conf import get_settings
 from django_jobs.eventlog import MAX_LIMIT
 from django_jobs.exceptions import InvalidTaskOptions
 from django_jobs.models import Event, Job
-from django_jobs.services import Pruner
 from django_jobs.testing import drain_queue
 from tests import tasks_console
 from tests.conftest import wait_until
+from tests.factories import enqueue_and_drain, jobs_settings, lock_waiters, pg_session, prune, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PG = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-VISIBLE = 60.0
-
-
-def jobs_settings(**overrides) -> override_settings:
-    return override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, **overrides})
-
-
-def prune(now=None, **overrides) -> dict[str, int]:
-    s = get_settings()
-    if overrides:
-        from dataclasses import replace
-
-        s = replace(s, **overrides)
-    return Pruner(using="default", settings=s, interval=1.0).run_once(now=now)
-
-
-def run(task, *args, queue: str):
-    result = task.using(queue_name=queue).enqueue(*args)
-    drain_queue(queue)
-    return result
-
-
-def settled() -> str:
-    last = Event.objects.order_by("-txid", "-id").first()
-    end = f"{last.txid}.{last.id}" if last else "0.0"
-    wait_until(lambda: django_jobs.events("latest").cursor == end, timeout=VISIBLE, message=f"events up to {end}")
-    return end
 
 
 def commit_a_later_transaction() -> None:
@@ -64,13 +35,7 @@ def commit_a_later_transaction() -> None:
     server (its snapshot's xmax then passes our own, still running, transaction id)."""
     if not PG:
         return
-    import psycopg
-
-    params = connections["default"].get_connection_params()
-    other = psycopg.connect(
-        host=params.get("host"), port=params.get("port"), user=params.get("user"),
-        password=params.get("password") or None, dbname=connections["default"].settings_dict["NAME"],
-    )  # fmt: skip
+    other = pg_session()
     try:
         with other.transaction():
             other.execute("SELECT pg_current_xact_id()")
@@ -89,7 +54,7 @@ def test_the_pruner_keeps_a_dedup_key_whose_ttl_still_holds():
     """Dedup(ttl=...) holds the key "whatever the job's state" for ttl seconds (a throttle). The
     pruner deleting the finished holder must not release the key before it expires."""
     throttled = tasks_console.ok.using(dedup=Dedup("rv-throttle", ttl=3600), retention={"completed": 0})
-    first = run(throttled, 1, queue="rv-ttl")
+    first = enqueue_and_drain(throttled, 1, queue="rv-ttl")
     assert Job.objects.get(id=first.id).state == "completed"
     assert throttled.using(queue_name="rv-ttl").enqueue(2).duplicate, "the key holds for an hour"
 
@@ -102,7 +67,7 @@ def test_the_pruner_keeps_a_dedup_key_whose_ttl_still_holds():
 def test_a_global_count_limit_does_not_delete_jobs_of_a_queue_that_keeps_them_forever():
     """docs/howto/retention.md: the most specific policy wins, and None keeps forever."""
     with jobs_settings(RETENTION={"completed": {"count": 2}, "queues": {"rv-audit": {"completed": None}}}):
-        results = [run(tasks_console.ok, i, queue="rv-audit") for i in range(4)]
+        results = [enqueue_and_drain(tasks_console.ok, i, queue="rv-audit") for i in range(4)]
         prune()
     kept = Job.objects.filter(id__in=[r.id for r in results]).count()
     assert kept == 4, (
@@ -112,7 +77,7 @@ def test_a_global_count_limit_does_not_delete_jobs_of_a_queue_that_keeps_them_fo
 
 def test_a_global_count_limit_does_not_delete_jobs_of_a_task_that_keeps_them_forever():
     with jobs_settings(RETENTION={"completed": {"count": 1}}):
-        results = [run(tasks_console.kept_forever, i, queue="rv-forever-task") for i in range(3)]
+        results = [enqueue_and_drain(tasks_console.kept_forever, i, queue="rv-forever-task") for i in range(3)]
         prune()
     kept = Job.objects.filter(id__in=[r.id for r in results]).count()
     assert kept == 3, f"@task(retention={{'completed': None}}) keeps forever; {3 - kept} were deleted"
@@ -120,7 +85,7 @@ def test_a_global_count_limit_does_not_delete_jobs_of_a_task_that_keeps_them_for
 
 def test_a_queue_count_limit_is_not_cut_down_by_a_smaller_global_one():
     with jobs_settings(RETENTION={"completed": {"count": 1}, "queues": {"rv-bigger": {"completed": {"count": 3}}}}):
-        results = [run(tasks_console.ok, i, queue="rv-bigger") for i in range(3)]
+        results = [enqueue_and_drain(tasks_console.ok, i, queue="rv-bigger") for i in range(3)]
         prune()
     assert Job.objects.filter(id__in=[r.id for r in results]).count() == 3
 
@@ -294,13 +259,7 @@ def test_the_pruner_and_a_flow_childs_outcome_do_not_deadlock():
     p.start()
 
     def pruner_blocked() -> bool:
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query LIKE %s",
-                ["UPDATE django_jobs_job SET parent_id = NULL%"],
-            )
-            return cursor.fetchone()[0] > 0
+        return lock_waiters(query_like="UPDATE django_jobs_job SET parent_id = NULL%") > 0
 
     # The pruner either leaves the parent alone (its child is unfinished) or waits for the row.
     wait_until(lambda: not p.is_alive() or pruner_blocked(), timeout=10, message="the pruner done or waiting")

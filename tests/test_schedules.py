@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,7 +20,6 @@ from itertools import islice
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.conf import settings
 from django.core import checks
 from django.db import connection
 from django.test import override_settings
@@ -32,7 +29,8 @@ from django_jobs.conf import get_settings
 from django_jobs.models import Job, Schedule
 from django_jobs.services import Scheduler
 from tests import tasks
-from tests.conftest import ROOT, read_log, subprocess_env, wait_until
+from tests.conftest import read_log, wait_until
+from tests.factories import jobs_settings, race_scripts, schedule_form
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PARIS = ZoneInfo("Europe/Paris")
@@ -40,10 +38,6 @@ PARIS = ZoneInfo("Europe/Paris")
 
 def seconds(n: float) -> timedelta:
     return timedelta(seconds=n)
-
-
-def jobs_settings(**overrides) -> override_settings:
-    return override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, **overrides})
 
 
 def declared(schedules_setting: dict) -> override_settings:
@@ -658,28 +652,9 @@ print(json.dumps({"fired": fired, "lost_race": lost}))
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_fire_due_in_processes_inserts_one_job_per_tick(tmp_path):
     row = race_schedule()
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", FIRE_SCRIPT, str(go), T0.isoformat(), str(RACE_TICKS)],
-            cwd=ROOT,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    try:
-        wait_until(lambda: len(list(tmp_path.glob("go.*.ready"))) == len(procs), timeout=30, message="callers")
-        go.touch()
-        outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
-    results = [json.loads(out) for out, _ in outputs]
+    results = race_scripts(
+        FIRE_SCRIPT, T0.isoformat(), str(RACE_TICKS), processes=4, go=tmp_path / "go", ready_timeout=30
+    )
     assert_one_job_per_tick(row, sum(r["fired"] for r in results))
 
 
@@ -767,35 +742,9 @@ def test_three_workers_fire_each_tick_once_while_one_is_killed_and_one_stopped(w
 # -- the admin -----------------------------------------------------------------------------------
 
 
-def admin_form(**fields) -> dict:
-    data = {
-        "backend": "default",
-        "name": "from-admin",
-        "enabled": "on",
-        "task_path": "tests.tasks.noop",
-        "args": "[]",
-        "kwargs": "{}",
-        "queue": "",
-        "priority": "",
-        "options": "{}",
-        "cron": "",
-        "every_seconds": "",
-        "offset_seconds": "0",
-        "timezone": "UTC",
-        "start_at_0": "",
-        "start_at_1": "",
-        "end_at_0": "",
-        "end_at_1": "",
-        "limit": "",
-        "catch_up": "latest",
-    }
-    data.update(fields)
-    return data
-
-
 @pytest.mark.django_db
 def test_the_admin_rejects_an_invalid_cron_with_the_reason(admin_client):
-    page = admin_client.post("/admin/django_jobs/schedule/add/", admin_form(cron="61 * * * *"))
+    page = admin_client.post("/admin/django_jobs/schedule/add/", schedule_form(cron="61 * * * *"))
     assert page.status_code == 200
     assert "Invalid cron expression" in page.content.decode()
     assert not Schedule.objects.exists()
@@ -803,7 +752,7 @@ def test_the_admin_rejects_an_invalid_cron_with_the_reason(admin_client):
 
 @pytest.mark.django_db
 def test_the_admin_rejects_an_unknown_timezone_with_the_reason(admin_client):
-    page = admin_client.post("/admin/django_jobs/schedule/add/", admin_form(cron="* * * * *", timezone="Nowhere"))
+    page = admin_client.post("/admin/django_jobs/schedule/add/", schedule_form(cron="* * * * *", timezone="Nowhere"))
     assert page.status_code == 200
     assert "Unknown timezone" in page.content.decode()
     assert not Schedule.objects.exists()
@@ -823,7 +772,7 @@ def test_the_admin_rejects_a_job_template_that_schedule_rejects(admin_client, sp
     with pytest.raises(schedules.InvalidSchedule):
         schedules.schedule("api", "tests.tasks.noop", cron="* * * * *", **spec)
     # Saved, such a schedule would make the scheduler raise at each of its ticks.
-    page = admin_client.post("/admin/django_jobs/schedule/add/", admin_form(cron="* * * * *", **form))
+    page = admin_client.post("/admin/django_jobs/schedule/add/", schedule_form(cron="* * * * *", **form))
     assert page.status_code == 200, "the form is shown again with the error"
     assert "errorlist" in page.content.decode()
     assert not Schedule.objects.exists()
@@ -831,7 +780,7 @@ def test_the_admin_rejects_a_job_template_that_schedule_rejects(admin_client, sp
 
 @pytest.mark.django_db
 def test_the_admin_adds_lists_and_edits_a_schedule(admin_client):
-    page = admin_client.post("/admin/django_jobs/schedule/add/", admin_form(cron="0 6 * * *"))
+    page = admin_client.post("/admin/django_jobs/schedule/add/", schedule_form(cron="0 6 * * *"))
     assert page.status_code == 302, page.content.decode()[:2000]
     row = Schedule.objects.get(name="from-admin")
     assert (row.source, row.cron, row.enabled) == ("runtime", "0 6 * * *", True)
@@ -840,7 +789,7 @@ def test_the_admin_adds_lists_and_edits_a_schedule(admin_client):
     listing = admin_client.get("/admin/django_jobs/schedule/")
     assert listing.status_code == 200 and "from-admin" in listing.content.decode()
 
-    page = admin_client.post(f"/admin/django_jobs/schedule/{row.pk}/change/", admin_form(cron="30 7 * * *"))
+    page = admin_client.post(f"/admin/django_jobs/schedule/{row.pk}/change/", schedule_form(cron="30 7 * * *"))
     assert page.status_code == 302, page.content.decode()[:2000]
     row.refresh_from_db()
     assert row.cron == "30 7 * * *"
@@ -854,7 +803,7 @@ def test_an_admin_edit_of_a_declared_schedule_survives_the_next_sync(admin_clien
     row = Schedule.objects.get(name="nightly")
     page = admin_client.post(
         f"/admin/django_jobs/schedule/{row.pk}/change/",
-        admin_form(name="nightly", cron="45 1 * * *", timezone="Europe/Paris"),
+        schedule_form(name="nightly", cron="45 1 * * *", timezone="Europe/Paris"),
     )
     assert page.status_code == 302, page.content.decode()[:2000]
     with declared({"nightly": {**NIGHTLY, "cron": "0 4 * * *"}}):

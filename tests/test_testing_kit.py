@@ -4,16 +4,16 @@ test's transaction (``@pytest.mark.django_db``, ``django.test.TestCase``) and ou
 from datetime import datetime, timedelta
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.tasks.signals import task_finished, task_started
-from django.test import TestCase, override_settings
+from django.test import TestCase
 from django.utils import timezone
 
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.models import Job, JobLog
 from django_jobs.testing import DrainResult, assert_enqueued, drain_queue, enqueued_jobs, perform_job, refute_enqueued
 from tests import tasks, tasks_control
+from tests.factories import job_row, jobs_settings
 from tests.tasks_kit import (
     SENT,
     always_snoozes,
@@ -31,10 +31,6 @@ from tests.tasks_kit import (
 @pytest.fixture(autouse=True)
 def _clear_sent():
     SENT.clear()
-
-
-def job(result) -> Job:
-    return Job.objects.get(id=result.id)
 
 
 # -- assert_enqueued -----------------------------------------------------------------------------
@@ -206,7 +202,7 @@ def test_enqueued_jobs_lists_jobs_oldest_first_delayed_ones_included():
     d = send_welcome_email.using(run_after=timezone.now() + timedelta(days=1)).enqueue("d@example.com")
 
     assert [r.id for r in enqueued_jobs()] == [a.id, b.id, c.id, d.id]
-    assert job(b).state == "delayed" and job(d).state == "delayed"
+    assert job_row(b).state == "delayed" and job_row(d).state == "delayed"
     assert [r.id for r in enqueued_jobs(send_welcome_email)] == [a.id, c.id, d.id]
     assert [r.id for r in enqueued_jobs(queue="emails")] == [c.id]
     assert [r.id for r in enqueued_jobs(send_welcome_email, args=["d@example.com"])] == [d.id]
@@ -227,7 +223,7 @@ def test_perform_job_runs_the_task_now_and_returns_its_result():
     assert result.return_value == "sent promo to ada@example.com"
     assert result.args == ["ada@example.com"] and result.kwargs == {"template": "promo"}
     assert result.finished_at is not None and len(result.worker_ids) == 1
-    stored = job(result)
+    stored = job_row(result)
     assert (stored.state, stored.attempts, stored.return_value) == ("completed", 1, "sent promo to ada@example.com")
 
 
@@ -259,7 +255,7 @@ def test_perform_job_of_a_failing_task_with_attempts_left_schedules_a_retry():
     assert len(result.errors) == 1
     assert result.errors[0].exception_class_path == "builtins.RuntimeError"
     assert "attempt 1 failed" in result.errors[0].traceback
-    stored = job(result)
+    stored = job_row(result)
     assert (stored.state, stored.attempts) == ("delayed", 1)
     assert stored.available_at >= before + timedelta(seconds=3600)  # the task's backoff
     # perform_job runs one attempt only; the retry waits for its backoff (drain_queue runs it).
@@ -273,7 +269,7 @@ def test_perform_job_of_a_failing_task_on_its_last_attempt_fails_it():
     assert result.status == "FAILED"
     assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
     assert result.finished_at is not None
-    assert job(result).state == "failed"
+    assert job_row(result).state == "failed"
 
 
 @pytest.mark.django_db
@@ -293,7 +289,7 @@ def test_perform_job_applies_retry_from_the_task():
     assert result.status == "READY"
     assert [e.exception_class_path for e in result.errors] == ["django_jobs.exceptions.Retry"]
     assert "gateway busy" in result.errors[0].traceback
-    stored = job(result)
+    stored = job_row(result)
     assert (stored.state, stored.attempts) == ("delayed", 1)
     assert before + timedelta(seconds=30) <= stored.available_at < before + timedelta(seconds=3600), (
         "the Retry's delay, not the task's backoff"
@@ -307,7 +303,7 @@ def test_perform_job_applies_snooze_from_the_task():
 
     assert result.status == "READY"
     assert result.errors == []
-    stored = job(result)
+    stored = job_row(result)
     assert (stored.state, stored.attempts) == ("delayed", 0), "a snoozed attempt does not count"
     assert stored.available_at >= before + timedelta(seconds=60)
 
@@ -380,9 +376,7 @@ def test_perform_job_runs_a_task_scheduled_for_later_at_once():
 @pytest.mark.django_db
 def test_perform_job_applies_the_configured_middleware():
     tasks_control.CALLS.clear()
-    with override_settings(
-        DJANGO_JOBS={**settings.DJANGO_JOBS, "MIDDLEWARE": ["tests.tasks_control.outer_middleware"]}
-    ):
+    with jobs_settings(MIDDLEWARE=["tests.tasks_control.outer_middleware"]):
         result = perform_job(send_welcome_email, "ada@example.com")
 
     assert result.status == "SUCCESSFUL"
@@ -437,7 +431,7 @@ def test_drain_queue_runs_only_the_queue_given():
     assert drain_queue("emails") == DrainResult(completed=1)
 
     assert SENT == ["bob@example.com"]
-    assert job(on_emails).state == "completed"
+    assert job_row(on_emails).state == "completed"
     [left] = assert_enqueued(send_welcome_email, queue="default")
     assert left.args == ["ada@example.com"]
 
@@ -459,11 +453,11 @@ def test_drain_queue_without_retries_leaves_a_retry_waiting_for_its_backoff():
 
     assert drain_queue(with_retries=False) == DrainResult(retried=1)
 
-    stored = job(result)
+    stored = job_row(result)
     assert (stored.state, stored.attempts, len(stored.errors)) == ("delayed", 1, 1)
     assert drain_queue(with_retries=False) == DrainResult()
     assert drain_queue() == DrainResult(completed=1)
-    assert job(result).state == "completed"
+    assert job_row(result).state == "completed"
 
 
 @pytest.mark.django_db
@@ -471,10 +465,10 @@ def test_drain_queue_runs_scheduled_jobs_only_with_scheduled():
     later = send_welcome_email.using(run_after=timedelta(hours=1)).enqueue("ada@example.com")
 
     assert drain_queue() == DrainResult()
-    assert job(later).state == "delayed" and SENT == []
+    assert job_row(later).state == "delayed" and SENT == []
 
     assert drain_queue(with_scheduled=True) == DrainResult(completed=1)
-    assert job(later).state == "completed" and SENT == ["ada@example.com"]
+    assert job_row(later).state == "completed" and SENT == ["ada@example.com"]
 
 
 @pytest.mark.django_db
@@ -483,7 +477,7 @@ def test_drain_queue_runs_jobs_enqueued_by_jobs_it_runs():
 
     assert drain_queue("default") == DrainResult(completed=2)
 
-    assert job(signup).state == "completed"
+    assert job_row(signup).state == "completed"
     assert SENT == ["ada@example.com"]
     refute_enqueued(send_welcome_email)
     assert Job.objects.filter(task_path=send_welcome_email.module_path, state="completed").count() == 1
@@ -497,7 +491,7 @@ def test_drain_queue_leaves_a_job_snoozed_after_a_retry_for_later():
 
     assert drain_queue() == DrainResult(retried=1, snoozed=1)
 
-    stored = job(result)
+    stored = job_row(result)
     assert (stored.state, stored.attempts, len(stored.errors)) == ("delayed", 1, 1)
 
 
@@ -512,7 +506,7 @@ def test_drain_queue_raises_after_max_rounds_for_a_job_that_keeps_snoozing():
     assert "after 3 rounds" in message
     assert "keeps retrying or snoozing" in message
     assert "max_rounds" in message
-    assert job(result).attempts == 0
+    assert job_row(result).attempts == 0
 
 
 # -- in a django.test.TestCase, and outside a test transaction ----------------------------------

@@ -8,9 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.core import checks
-from django.test import override_settings
 from django.utils import timezone
 
 import django_jobs
@@ -21,11 +19,8 @@ from django_jobs.signals import job_cancelled, job_rescued, job_retried, job_sno
 from django_jobs.worker.runner import InvalidWorkerOption
 from tests import tasks, tasks_control
 from tests.conftest import wait_until
+from tests.factories import jobs_settings, records_of
 from tests.tasks import read_records
-
-
-def events(probe: str, name: str) -> list[dict]:
-    return [r for r in read_records(probe) if r.get("event") == name]
 
 
 def error_classes(job_id) -> list[str]:
@@ -33,7 +28,7 @@ def error_classes(job_id) -> list[str]:
 
 
 def middleware(*paths: str):
-    return override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "MIDDLEWARE": list(paths)})
+    return jobs_settings(MIDDLEWARE=list(paths))
 
 
 class Received:
@@ -61,7 +56,7 @@ class Received:
 def test_a_sync_job_past_its_timeout_is_failed_and_its_slot_freed(thread_worker, probe):
     slow = tasks_control.sleeps.enqueue(probe, 4)
     worker = thread_worker(concurrency=1)
-    wait_until(lambda: events(probe, "start"), timeout=20)
+    wait_until(lambda: records_of(probe, "start"), timeout=20)
     # The only slot is stuck in time.sleep: the next job runs only if the timeout freed it.
     quick = tasks.mark.enqueue(probe, "after")
     wait_until(lambda: Job.objects.get(id=quick.id).state == "completed", timeout=10)
@@ -70,7 +65,7 @@ def test_a_sync_job_past_its_timeout_is_failed_and_its_slot_freed(thread_worker,
     assert error_classes(slow.id) == ["django_jobs.exceptions.JobTimeout"]
     assert "timeout of 0.5s" in job.errors[0]["traceback"]
     # The abandoned thread finishes later; its outcome must not overwrite the recorded failure.
-    wait_until(lambda: events(probe, "end"), timeout=10)
+    wait_until(lambda: records_of(probe, "end"), timeout=10)
     time.sleep(0.3)
     stats = worker.stop()
     assert Job.objects.get(id=slow.id).state == "failed"
@@ -93,7 +88,7 @@ def test_an_async_job_past_its_timeout_is_cancelled(thread_worker, probe):
     result = tasks_control.async_sleeps.enqueue(probe, 10)
     worker = thread_worker(concurrency=1)
     wait_until(lambda: Job.objects.get(id=result.id).state == "failed", timeout=20)
-    wait_until(lambda: events(probe, "cancelled"), timeout=5, message="the coroutine to see CancelledError")
+    wait_until(lambda: records_of(probe, "cancelled"), timeout=5, message="the coroutine to see CancelledError")
     stats = worker.stop()
     assert error_classes(result.id) == ["django_jobs.exceptions.JobTimeout"]
     assert "coroutine was cancelled" in Job.objects.get(id=result.id).errors[0]["traceback"]
@@ -120,7 +115,7 @@ def test_process_isolation_runs_jobs_in_a_child_and_kills_it_at_the_deadline(thr
     spinning = tasks_control.spins.enqueue(probe)
     worker = thread_worker(concurrency=1, isolation="process")
     wait_until(lambda: Job.objects.get(id=spinning.id).state == "failed", timeout=60)
-    [start] = events(probe, "start")
+    [start] = records_of(probe, "start")
     assert start["pid"] != os.getpid(), "the job ran in a child process"
     wait_until(lambda: not _alive(start["pid"]), timeout=10, message="the spinning child to be killed")
     assert error_classes(spinning.id) == ["django_jobs.exceptions.JobTimeout"]
@@ -171,10 +166,10 @@ def _alive(pid: int) -> bool:
 def test_a_running_async_job_is_cancelled_and_ends_cancelled(thread_worker, probe):
     result = tasks_control.async_until_cancelled.enqueue(probe)
     worker = thread_worker(concurrency=1)
-    wait_until(lambda: events(probe, "start"), timeout=20)
+    wait_until(lambda: records_of(probe, "start"), timeout=20)
     asked = time.monotonic()
     django_jobs.cancel(result.id)
-    wait_until(lambda: events(probe, "cancelled"), timeout=5, message="the coroutine to be cancelled")
+    wait_until(lambda: records_of(probe, "cancelled"), timeout=5, message="the coroutine to be cancelled")
     seen_after = time.monotonic() - asked
     wait_until(lambda: Job.objects.get(id=result.id).state == "cancelled", timeout=5)
     stats = worker.stop()
@@ -187,10 +182,10 @@ def test_a_running_async_job_is_cancelled_and_ends_cancelled(thread_worker, prob
 def test_cancelling_a_job_in_a_child_process_kills_the_child(thread_worker, probe):
     result = tasks_control.ignores_cancel.enqueue(probe)
     worker = thread_worker(concurrency=1, isolation="process")
-    wait_until(lambda: events(probe, "start"), timeout=60)
+    wait_until(lambda: records_of(probe, "start"), timeout=60)
     django_jobs.cancel(result.id)
     wait_until(lambda: Job.objects.get(id=result.id).state == "cancelled", timeout=10)
-    [start] = events(probe, "start")
+    [start] = records_of(probe, "start")
     wait_until(lambda: not _alive(start["pid"]), timeout=10, message="the child to be killed")
     worker.stop()
     assert error_classes(result.id) == ["django_jobs.exceptions.JobCancelled"]
@@ -201,10 +196,10 @@ def test_a_cancel_racing_a_timeout_records_exactly_one_outcome(thread_worker, pr
     """The watchdog's timeout and the cancel flag meet in the guarded outcome write."""
     result = tasks_control.sleeps.enqueue(probe, 1.5)
     worker = thread_worker(concurrency=1)
-    wait_until(lambda: events(probe, "start"), timeout=20)
+    wait_until(lambda: records_of(probe, "start"), timeout=20)
     django_jobs.cancel(result.id)
     wait_until(lambda: Job.objects.get(id=result.id).state in ("cancelled", "failed"), timeout=10)
-    wait_until(lambda: events(probe, "end"), timeout=10)
+    wait_until(lambda: records_of(probe, "end"), timeout=10)
     time.sleep(0.3)
     worker.stop()
     job = Job.objects.get(id=result.id)
@@ -271,7 +266,7 @@ def test_a_broken_middleware_setting_stops_the_worker_and_fails_the_check():
     with middleware("tests.tasks_control.CALLS"):
         with pytest.raises(InvalidWorkerOption, match="is not callable"):
             Worker()
-    with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "MIDDLEWARE": "tests.tasks_control.x"}):
+    with jobs_settings(MIDDLEWARE="tests.tasks_control.x"):
         ids = [m.id for m in checks.run_checks() if m.id.startswith("django_jobs")]
         assert "django_jobs.E002" in ids
 
@@ -302,7 +297,7 @@ def test_cancelled_signal_for_a_waiting_and_a_running_job(thread_worker, probe):
         django_jobs.cancel(waiting.id)
         running = tasks.until_cancelled.enqueue(probe)
         worker = thread_worker(concurrency=1)
-        wait_until(lambda: events(probe, "start"), timeout=20)
+        wait_until(lambda: records_of(probe, "start"), timeout=20)
         django_jobs.cancel(running.id)
         wait_until(lambda: len(cancelled.calls) == 2, timeout=10)
         worker.stop()
@@ -356,14 +351,14 @@ def test_on_postgresql_a_cancel_arrives_by_notify_without_waiting_for_a_poll(thr
     monkeypatch.setattr(maintainer, "CANCEL_POLL_INTERVAL", 60.0)
     result = tasks.until_cancelled.enqueue(probe)
     worker = thread_worker(concurrency=1)
-    wait_until(lambda: events(probe, "start"), timeout=20)
+    wait_until(lambda: records_of(probe, "start"), timeout=20)
     wait_until(lambda: worker.worker._listener.connected.is_set(), timeout=10)
     time.sleep(0.6)  # past the worker's first (start-up) poll
     asked = time.time()
     django_jobs.cancel(result.id)
     wait_until(lambda: Job.objects.get(id=result.id).state == "cancelled", timeout=10)
     worker.stop()
-    [noticed] = events(probe, "noticed")
+    [noticed] = records_of(probe, "noticed")
     assert noticed["at"] - asked < 1.0
 
 
@@ -393,7 +388,7 @@ def test_timed_out_threads_are_replaced_not_multiplied(thread_worker, probe):
     results = [tasks_control.sleeps.enqueue(probe, 1.0) for _ in range(3)]
     worker = thread_worker(concurrency=1)
     wait_until(lambda: all(Job.objects.get(id=r.id).state == "failed" for r in results), timeout=30)
-    wait_until(lambda: len(events(probe, "end")) == 3, timeout=10, message="the abandoned threads to finish")
+    wait_until(lambda: len(records_of(probe, "end")) == 3, timeout=10, message="the abandoned threads to finish")
     # Each abandoned thread ends once its task returns; one thread holds the one slot.
     wait_until(lambda: len(executor_threads()) == before + 1, timeout=5, message="one executor thread")
     stats = worker.stop()
@@ -406,8 +401,8 @@ def test_a_child_ignores_a_ctrl_c_sent_to_the_process_group(thread_worker, probe
 
     result = tasks_control.sleeps.using(timeout=30).enqueue(probe, 1.5)
     worker = thread_worker(concurrency=1, isolation="process")
-    wait_until(lambda: events(probe, "start"), timeout=60)
-    [start] = events(probe, "start")
+    wait_until(lambda: records_of(probe, "start"), timeout=60)
+    [start] = records_of(probe, "start")
     os.kill(start["pid"], signal.SIGINT)
     os.kill(start["pid"], signal.SIGTERM)
     wait_until(lambda: Job.objects.get(id=result.id).state == "completed", timeout=20)
@@ -418,8 +413,8 @@ def test_a_child_ignores_a_ctrl_c_sent_to_the_process_group(thread_worker, probe
 def test_shutdown_kills_a_child_still_running_after_the_grace_and_releases_its_job(thread_worker, probe):
     result = tasks_control.ignores_cancel.enqueue(probe)
     worker = thread_worker(concurrency=1, isolation="process", grace=0.5)
-    wait_until(lambda: events(probe, "start"), timeout=60)
-    [start] = events(probe, "start")
+    wait_until(lambda: records_of(probe, "start"), timeout=60)
+    [start] = records_of(probe, "start")
     stats = worker.stop()
     assert stats.released == 1
     job = Job.objects.get(id=result.id)

@@ -13,13 +13,10 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import pytest
-from django.conf import settings
 from django.db import transaction
 from django.tasks.signals import task_finished, task_started
-from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import engine
 from django_jobs.backend import JobsBackend
 from django_jobs.exceptions import InvalidQueueName
 from django_jobs.models import Job
@@ -27,13 +24,10 @@ from django_jobs.models import Worker as WorkerRow
 from django_jobs.worker import InvalidWorkerOption, Worker
 from tests import tasks
 from tests.conftest import wait_until
+from tests.factories import count_states, insert_job, jobs_settings
 from tests.tasks import read_records
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def states(ids) -> Counter:
-    return Counter(Job.objects.filter(id__in=list(ids)).values_list("state", flat=True))
 
 
 def all_finished(ids) -> bool:
@@ -66,7 +60,7 @@ def test_eight_threads_run_three_hundred_jobs_each_exactly_once(thread_worker, p
     duplicated = sorted(k for k, n in keys.items() if n > 1)
     lost = sorted({f"k{i}" for i in range(300)} - set(keys))
     assert (len(keys), lost, duplicated) == (300, [], []), f"300 jobs: {len(lost)} lost, {len(duplicated)} duplicated"
-    assert states(ids) == {"completed": 300}
+    assert count_states(ids) == {"completed": 300}
     assert Job.objects.filter(id__in=ids, attempts=1).count() == 300
     assert (stats.completed, stats.failed, stats.retried) == (300, 0, 0)
 
@@ -84,7 +78,7 @@ def test_two_workers_share_the_jobs_and_run_each_exactly_once(thread_worker, pro
 
     keys = Counter(r["key"] for r in read_records(probe) if r["event"] == "end")
     assert (len(keys), max(keys.values())) == (200, 1)
-    assert states(ids) == {"completed": 200}
+    assert count_states(ids) == {"completed": 200}
     by_worker = Counter(w for [w] in Job.objects.filter(id__in=ids).values_list("worker_ids", flat=True))
     assert by_worker.keys() == {"first", "second"}, by_worker
     assert [s.completed for s in stats] == [by_worker["first"], by_worker["second"]]
@@ -99,7 +93,7 @@ def test_worker_takes_only_jobs_of_its_queues(thread_worker, probe):
     stats = thread_worker(queues=["alpha", "default"], stop_when_empty=True).join()
 
     assert sorted(r["key"] for r in read_records(probe)) == ["alpha", "default"]
-    assert states([alpha.id, default.id]) == {"completed": 2}
+    assert count_states([alpha.id, default.id]) == {"completed": 2}
     assert Job.objects.get(id=beta.id).state == "waiting"
     assert stats.completed == 2
 
@@ -122,7 +116,7 @@ def test_worker_claims_no_more_jobs_than_it_has_free_slots(thread_worker, probe)
 
     worker = thread_worker(concurrency=2)
     wait_until(lambda: len(read_records(probe)) == 2, timeout=20)
-    active_while_two_run = states(ids)
+    active_while_two_run = count_states(ids)
     worker.stop()
 
     assert active_while_two_run == {"active": 2, "waiting": 4}
@@ -239,8 +233,7 @@ def test_retry_with_a_list_backoff_uses_one_value_per_attempt(thread_worker, pro
 
 
 def test_retry_with_exponential_backoff_is_jittered_below_base_times_two_to_the_attempt(thread_worker, probe):
-    conf = {**settings.DJANGO_JOBS, "BACKOFF_BASE": 0.1, "BACKOFF_CAP": 0.3}
-    with override_settings(DJANGO_JOBS=conf):
+    with jobs_settings(BACKOFF_BASE=0.1, BACKOFF_CAP=0.3):
         for i in range(4):
             tasks.fail_until_timed.using(backoff="exponential", max_attempts=4).enqueue(probe, f"e{i}", 4)
         stats = thread_worker(concurrency=4, stop_when_empty=True).join()
@@ -291,20 +284,7 @@ def test_non_json_return_value_is_a_recorded_failure(thread_worker):
 
 
 def test_job_whose_task_path_does_not_resolve_fails_and_the_worker_goes_on(thread_worker, probe):
-    bad = [
-        engine.insert_job(
-            using="default",
-            backend="default",
-            task_path=path,
-            queue="default",
-            priority=0,
-            args=[],
-            kwargs={},
-            max_attempts=3,
-            options={},
-        ).id
-        for path in ("tests.tasks.not_a_task", "nope.missing")
-    ]
+    bad = [insert_job(task_path=path, max_attempts=3).id for path in ("tests.tasks.not_a_task", "nope.missing")]
     good = [tasks.mark.enqueue(probe, f"g{i}").id for i in range(5)]
 
     worker = thread_worker(concurrency=2)
@@ -312,7 +292,7 @@ def test_job_whose_task_path_does_not_resolve_fails_and_the_worker_goes_on(threa
     assert worker.thread.is_alive()
     stats = worker.stop()
 
-    assert states(good) == {"completed": 5}
+    assert count_states(good) == {"completed": 5}
     for job_id, needle in zip(bad, ["is a str, not a Task", "does not resolve"], strict=True):
         job = Job.objects.get(id=job_id)
         assert (job.state, job.attempts) == ("failed", 1), "an unknown task is not retried"
@@ -332,7 +312,7 @@ def test_stop_when_empty_exits_once_everything_is_done(thread_worker, probe):
     stats = thread_worker(concurrency=3, stop_when_empty=True).join()
 
     # The retry was delayed when the ready set first ran dry; the worker waited for it.
-    assert states(ids) == {"completed": 11}
+    assert count_states(ids) == {"completed": 11}
     assert (stats.completed, stats.retried) == (11, 1)
     assert not Job.objects.filter(state__in=["waiting", "delayed", "active"]).exists()
 
@@ -357,7 +337,7 @@ def test_max_jobs_processes_exactly_that_many_then_stops(thread_worker, probe):
 
     stats = thread_worker(concurrency=3, max_jobs=5).join()
 
-    assert states(ids) == {"completed": 5, "waiting": 7}
+    assert count_states(ids) == {"completed": 5, "waiting": 7}
     assert len(read_records(probe)) == 5
     assert stats.completed == 5
 
@@ -387,7 +367,7 @@ def test_stop_from_another_thread_lets_the_running_job_finish(thread_worker, pro
     assert [(r["key"], r.get("event")) for r in read_records(probe)] == [("slow", "start"), ("slow", "end")]
     assert (stats.completed, stats.released) == (1, 0)
     # Stopped means no new claims: the queued jobs are still there, their attempts not spent.
-    assert states(waiting) == {"waiting": 3}
+    assert count_states(waiting) == {"waiting": 3}
     assert Job.objects.filter(id__in=waiting, attempts=0).count() == 3
 
 

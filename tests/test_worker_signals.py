@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +15,8 @@ import pytest
 from django_jobs.models import Job, Worker
 from django_jobs.worker.stop_signals import REPEAT_WINDOW, StopRequests
 from tests import tasks
-from tests.conftest import ROOT, read_log, subprocess_env, wait_until
+from tests.conftest import read_log, wait_until
+from tests.factories import run_python
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -108,13 +107,6 @@ sys.exit(supervise(1, run_child))
 
 
 def test_a_signal_reaching_a_child_while_it_starts_up_waits_for_its_handler():
-    proc = subprocess.run(
-        [sys.executable, "-c", SLOW_STARTING_CHILD],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = run_python("-c", SLOW_STARTING_CHILD, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"child received [{int(signal.SIGTERM)}]" in proc.stdout

@@ -8,11 +8,13 @@ Rules every function follows:
 
 * Each state change is guarded on the state it expects (and, for active jobs, on the lease
   token). Zero rows updated means another actor won a race: we log it and move on.
-* Time is a parameter: ``now=None`` means the database clock on PostgreSQL (leases must not
-  depend on the clocks of many worker hosts) and this process's clock on SQLite (one host).
-* The hot paths (claim, record outcomes) are single statements written in SQL, because they
-  run thousands of times a second and one round trip beats three; the vendor spellings come
-  from :class:`django_jobs.db.Driver`.
+* Time is a parameter: ``now=None`` means the database clock where the driver has
+  ``DATABASE_CLOCK`` (PostgreSQL: leases must not depend on the clocks of many worker hosts)
+  and this process's clock elsewhere.
+* The hot paths (claim, record outcomes) are one statement where the database allows it,
+  because they run thousands of times a second and one round trip beats three. What differs
+  between databases is asked of the database's driver (:mod:`django_jobs.drivers`): its
+  capability flags, its spellings, and its verbs; no module here branches on a vendor.
 
 One module per group of verbs; this package re-exports their public names, so callers
 write ``engine.claim_jobs(...)``. Inside the package, modules import downward only::

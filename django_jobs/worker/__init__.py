@@ -1,6 +1,6 @@
 """The worker: ``Worker(queues=..., concurrency=...).run()``; see :mod:`.runner`."""
 
-from ..exceptions import WorkerCrashed
-from .runner import InvalidWorkerOption, Worker, WorkerStats
+from ..exceptions import InvalidWorkerOption, WorkerCrashed
+from .runner import Worker, WorkerStats
 
 __all__ = ["InvalidWorkerOption", "Worker", "WorkerCrashed", "WorkerStats"]

@@ -17,7 +17,7 @@ from django.utils.crypto import get_random_string
 
 from ..backend import JobsBackend, validate_queue_name
 from ..conf import JobsSettings
-from ..exceptions import JobsConfigurationError, JobsError
+from ..exceptions import InvalidWorkerOption, JobsConfigurationError, JobsError
 from ..queues import validate_queue_declarations
 from ..schedules import InvalidSchedule, declaration_fields, declared_schedules
 
@@ -32,10 +32,6 @@ MAX_CONCURRENCY = 1000
 MAX_WAIT_SECONDS = 86400
 #: The length of a Worker row's id and of Job.worker_id.
 MAX_WORKER_ID_LENGTH = 200
-
-
-class InvalidWorkerOption(JobsError, ValueError):
-    """A worker option has an invalid value."""
 
 
 def default_worker_id() -> str:

@@ -40,6 +40,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from .. import engine
 from ..conf import get_settings
 from ..db import is_transient
+from ..drivers import driver
 from ..exceptions import JobsConfigurationError, WorkerCrashed
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
@@ -384,7 +385,7 @@ class Worker:
         self._completer.start()
         spawn(self._maintainer.run, "jobs-maintainer")
         spawn(self._watchdog.run, "jobs-watchdog")
-        if connections[self.using].vendor == "postgresql":
+        if driver(self.using).LISTEN_NOTIFY:  # elsewhere workers poll (POLL_INTERVAL)
             self._listener = Listener(
                 using=self.using,
                 channel=get_settings().NOTIFY_CHANNEL,
