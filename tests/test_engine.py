@@ -525,18 +525,26 @@ def test_every_engine_transition_is_in_the_transition_table():
 # -- row locks and concurrency ---------------------------------------------------------------
 
 
-@pytest.mark.postgres
+@pytest.mark.needs("SKIP_LOCKED")
 @committing
 def test_claim_skips_a_row_locked_by_another_connection():
     jobs = [make_job(now=at(i)) for i in range(3)]
     other = connections.create_connection("default")
     assert other.settings_dict["NAME"] == connection.settings_dict["NAME"]
+    pg = connection.vendor == "postgresql"
+    timeout, reset = (
+        ("SET lock_timeout = '5s'", "RESET lock_timeout")
+        if pg
+        else ("SET SESSION innodb_lock_wait_timeout = 5", "SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    )
     with connection.cursor() as cursor:
-        cursor.execute("SET lock_timeout = '5s'")  # a blocking claim fails instead of hanging
+        cursor.execute(timeout)  # a blocking claim fails instead of hanging
     try:
         with other.cursor() as cursor:
             other.set_autocommit(False)
-            cursor.execute("SELECT id FROM django_jobs_job WHERE id = %s FOR UPDATE", [jobs[0].id])
+            cursor.execute(
+                "SELECT id FROM django_jobs_job WHERE id = %s FOR UPDATE", [jobs[0].id if pg else jobs[0].id.hex]
+            )
             claimed = claim(worker_id="w1", limit=10, now=at(10))
             assert [c.id for c in claimed] == [jobs[1].id, jobs[2].id]
             other.rollback()
@@ -544,7 +552,7 @@ def test_claim_skips_a_row_locked_by_another_connection():
     finally:
         other.close()
         with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
+            cursor.execute(reset)
 
 
 @committing

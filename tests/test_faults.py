@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from django_jobs.models import Job, Worker
 from tests import tasks
@@ -215,19 +215,33 @@ def test_sigkill_mid_job_another_worker_reruns_it_after_the_lease_expires(worker
     assert {r["pid"] for r in read_records(probe) if "event" not in r} == {b.pid}
 
 
-# -- PostgreSQL ------------------------------------------------------------------------------
+# -- server databases: cut connections --------------------------------------------------------
 
 
 def terminate_other_connections() -> int:
+    """Cut every other session's connection to the test database (PostgreSQL's
+    pg_terminate_backend, MySQL/MariaDB's KILL CONNECTION); return how many."""
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return sum(1 for (ok,) in cursor.fetchall() if ok)
         cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
         )
-        return sum(1 for (ok,) in cursor.fetchall() if ok)
+        killed = 0
+        for (session,) in cursor.fetchall():
+            try:
+                cursor.execute(f"KILL CONNECTION {int(session)}")
+                killed += 1
+            except OperationalError:  # it ended meanwhile
+                pass
+        return killed
 
 
-@pytest.mark.postgres
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server connections to cut")
 def test_terminated_connections_mid_run_the_worker_reconnects_and_loses_nothing(worker_process, probe):
     n_jobs = 300
     ids = []
@@ -260,7 +274,7 @@ def test_terminated_connections_mid_run_the_worker_reconnects_and_loses_nothing(
     assert "retrying" in log or "LISTEN connection lost" in log, log
 
 
-@pytest.mark.postgres
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite runs one worker process")
 def test_supervisor_runs_two_processes_and_restarts_one_that_dies(worker_process, probe):
     ids = [tasks.mark.enqueue(probe, f"s{i}").id for i in range(200)]
     sup = worker_process("-p", "2", "-c", "2")

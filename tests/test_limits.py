@@ -846,7 +846,7 @@ print(json.dumps({"ok": ok, "full": full}))
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
+@pytest.mark.needs("ROW_LOCKS")
 @pytest.mark.django_db(transaction=True)
 def test_racing_enqueuer_processes_let_in_exactly_the_max_size(tmp_path):
     limit, racers, attempts = 23, 8, 6

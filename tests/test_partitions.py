@@ -305,7 +305,7 @@ def enqueued_in_an_open_transaction(partition: str):
     assert not failed, failed
 
 
-@pytest.mark.postgres
+@pytest.mark.needs("ROW_LOCKS")
 @committing
 def test_a_job_committed_late_with_an_earlier_id_does_not_run_beside_the_active_one():
     """Out-of-order commit: job A gets the smaller id but its transaction commits after job B was
@@ -321,7 +321,7 @@ def test_a_job_committed_late_with_an_earlier_id_does_not_run_beside_the_active_
     assert [c.id for c in claim()] == [early["job"].id]
 
 
-@pytest.mark.postgres
+@pytest.mark.needs("ROW_LOCKS")
 @committing
 def test_an_enqueue_committing_while_its_partitions_head_finishes_does_not_stall_the_partition():
     """The race the sweeper is for: job A's transaction is open while the head finishes and a
@@ -772,7 +772,7 @@ def test_three_worker_processes_run_every_partition_in_order_one_job_at_a_time(w
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
+@pytest.mark.needs("ROW_LOCKS")
 @committing
 def test_a_sigkilled_worker_leaves_its_partitions_blocked_until_the_lease_expires_then_they_resume_in_order(
     worker_process, probe, capsys

@@ -64,7 +64,7 @@ def test_two_sigterms_milliseconds_apart_stop_a_busy_worker_gracefully(worker_pr
     run_rounds(worker_process, GAPS)
 
 
-@pytest.mark.postgres
+@pytest.mark.needs("ROW_LOCKS")
 def test_two_sigterms_milliseconds_apart_stop_a_busy_supervisor_gracefully(worker_process):
     run_rounds(worker_process, GAPS[::2], "-p", "2", processes=2)
 
