@@ -228,9 +228,7 @@ def terminate_other_connections() -> int:
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             return sum(1 for (ok,) in cursor.fetchall() if ok)
-        cursor.execute(
-            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-        )
+        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
         killed = 0
         for (session,) in cursor.fetchall():
             try:
