@@ -1,4 +1,4 @@
-.PHONY: demo test lint bench bench-peers bench-sqlite venv clean
+.PHONY: demo test lint bench bench-peers bench-sqlite bench-mysql venv clean
 
 venv:
 	scripts/bootstrap.sh
@@ -25,6 +25,11 @@ bench-peers: venv
 # SQLite (a fresh file per measurement, one worker process): no server needed.
 bench-sqlite: venv
 	.venv/bin/python benchmarks/sqlite_figures.py --write
+
+# MariaDB/MySQL (its own database jobs_bench, dropped and re-created; 1 and 2 worker processes).
+bench-mysql: venv
+	scripts/ensure_mariadb.sh
+	.venv/bin/python benchmarks/mysql_figures.py --write
 
 clean:
 	rm -rf .venv example_project/db.sqlite3* .pytest_cache

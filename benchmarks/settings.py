@@ -1,7 +1,10 @@
-"""Settings for the benchmark: its own PostgreSQL database (``jobs_bench`` by default), or a
-SQLite file with ``JOBS_BENCH_VENDOR=sqlite`` (the enqueue_many measurement uses both).
+"""Settings for the benchmark: its own PostgreSQL database (``jobs_bench`` by default), a
+SQLite file with ``JOBS_BENCH_VENDOR=sqlite`` (the enqueue_many measurement uses both), or a
+MariaDB/MySQL database with ``JOBS_BENCH_VENDOR=mysql`` (``benchmarks/mysql_figures.py``).
 
-``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the server, ``JOBS_BENCH_DB`` the database.
+``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the PostgreSQL server,
+``MYSQL_HOST``/``MYSQL_TCP_PORT``/``MYSQL_USER``/``MYSQL_PWD`` the MariaDB/MySQL one (as
+``scripts/ensure_mariadb.sh`` and ``tests/settings.py``), ``JOBS_BENCH_DB`` the database.
 Worker subprocesses started by ``benchmarks/throughput.py`` and ``benchmarks/limits.py`` use this
 module too.
 """
@@ -48,3 +51,18 @@ if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":
             "OPTIONS": {"transaction_mode": "IMMEDIATE"},
         }
     }
+elif os.environ.get("JOBS_BENCH_VENDOR") == "mysql":
+    # As tests/settings.py: utf8mb4, and READ COMMITTED (row locks only; the reasons are there).
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("JOBS_BENCH_DB", "jobs_bench"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_TCP_PORT", "3306"),
+            "PASSWORD": os.environ.get("MYSQL_PWD", ""),
+            "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+        }
+    }
+    # No partial indexes there: Django says so on every command (docs/howto/mariadb-mysql.md).
+    SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]
