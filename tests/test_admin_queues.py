@@ -267,7 +267,7 @@ def test_overview_queries_are_bounded_and_never_count_finished_jobs(admin_client
         body = admin_client.get(OVERVIEW).content.decode()
     assert 'data-queue="q9"' in body
     assert len(many) == len(few) <= 10, [q["sql"] for q in many]
-    on_jobs = [q["sql"] for q in many if re.search(r'FROM "django_jobs_job"', q["sql"])]
+    on_jobs = [q["sql"] for q in many if re.search(r'FROM ["`]django_jobs_job["`]', q["sql"])]
     assert len(on_jobs) == 2, on_jobs  # unfinished per queue and state; active per worker
     for sql in on_jobs:
         for finished in ("completed", "failed", "cancelled"):
