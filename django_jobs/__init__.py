@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "Dedup": "dedup",
+    "Dedup": "spec.dedup",
     "EventPage": "eventlog",
     "Fail": "exceptions",
     "Flow": "flows",

@@ -35,7 +35,13 @@ from django.tasks import Task
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 
+from . import engine
+from .backend import JobsBackend
 from .exceptions import InvalidFlow, JobsError
+from .models import Job
+from .spec.options import job_fields
+from .spec.payload import check_payload
+from .spec.tracing import trace_id_for_new_job, validate_trace_id
 from .uuid7 import uuid7
 
 #: The deepest a flow may nest (root = depth 1).
@@ -102,9 +108,6 @@ def flow(
 
 
 def _enqueue(root: Flow, parent: Any) -> Any:
-    from . import engine
-    from .backend import JobsBackend
-
     if not isinstance(root, Flow):
         raise InvalidFlow(f"expected a flow(...); got {type(root).__name__}.")
     backend = root.task.get_backend()
@@ -156,8 +159,6 @@ def _walk(
     trace_id: str | None,
     ancestors: frozenset[tuple[str, str]],
 ) -> None:
-    from . import engine
-
     where = "the root" if not path else "child " + ".".join(map(str, path))
     if not isinstance(node, Flow):
         raise InvalidFlow(f"{where} is a {type(node).__name__}; each node must be made with flow(...).")
@@ -183,7 +184,7 @@ def _walk(
             )
     try:
         backend.validate_task(task)
-        args, kwargs = backend._check_payload(node.args, node.kwargs)
+        args, kwargs = check_payload(node.args, node.kwargs, cap=backend.settings.MAX_PAYLOAD_BYTES)
     except (InvalidTask, JobsError) as exc:  # name the node, keep the exception class
         raise type(exc)(f"{where} ({task.module_path}): {exc}") from None
     partition = getattr(task, "partition", None)
@@ -195,7 +196,7 @@ def _walk(
         )
     if partition is not None:
         ancestors = ancestors | {(task.queue_name, partition)}
-    max_attempts, options = backend._job_fields(task)
+    max_attempts, options = job_fields(task, default_max_attempts=backend.settings.MAX_ATTEMPTS)
     job_id = uuid7()
     jobs.append(
         engine.FlowJob(
@@ -225,8 +226,6 @@ def _walk(
 def _partitions_above(job_id: uuid.UUID | None, using: str) -> frozenset[tuple[str, str]]:
     """(queue, partition) of ``job_id`` and its ancestors: a flow attached under it must not
     use them (the parent would wait for a child that waits for the parent)."""
-    from .models import Job
-
     found: set[tuple[str, str]] = set()
     for _ in range(MAX_DEPTH + 1):
         if job_id is None:
@@ -250,7 +249,5 @@ def _parent_id(parent: Any) -> uuid.UUID:
 
 def _trace_id_for(task: Task) -> str:
     """One trace id for the whole flow: the root task's own, or the running job's, or a new one."""
-    from .tracing import trace_id_for_new_job, validate_trace_id
-
     explicit = getattr(task, "trace_id", None)
     return trace_id_for_new_job(validate_trace_id(explicit) if explicit is not None else None)

@@ -9,16 +9,22 @@ change holds for every worker and host from the moment it commits.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from .exceptions import InvalidQueueSetting, JobsConfigurationError, JobsError, QueueBusy
+from . import engine
+from .conf import get_settings
+from .exceptions import InvalidQueueSetting, QueueBusy
+from .models import Job, QueueState
+from .spec.queues import DECLARABLE, queue_columns, validate_queue_declarations, validate_queue_name
 
-__all__ = ["InvalidQueueSetting", "QueueBusy", "QueueControl", "QueueLimits", "queue", "sync_queues"]
+__all__ = [
+    "DECLARABLE", "InvalidQueueSetting", "QueueBusy", "QueueControl", "QueueLimits", "queue", "sync_queues",
+    "validate_queue_declarations",
+]  # fmt: skip
 
 CLEANABLE_STATES = ("completed", "failed", "cancelled")
 
@@ -38,61 +44,6 @@ class QueueLimits:
     partition_max_size: int | None = None
 
 
-#: The keys of a DJANGO_JOBS["QUEUES"] declaration.
-DECLARABLE = (
-    "paused",
-    "concurrency",
-    "rate_limit",
-    "max_size",
-    "partition_concurrency",
-    "partition_rate_limit",
-    "partition_max_size",
-)
-
-
-def _count(value: Any, what: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidQueueSetting(f"{what} must be an integer >= 1, or None to remove the limit; got {value!r}.")
-    return value
-
-
-def _rate(value: Any, what: str) -> tuple[int, float] | None:
-    """``None`` or ``(max_jobs, per_seconds)``, validated."""
-    if value is None:
-        return None
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise InvalidQueueSetting(
-            f"{what} must be (max_jobs, per_seconds), such as (20, 1.0), or None to remove it; got {value!r}."
-        )
-    max_jobs, per = value
-    _count(max_jobs, f"{what}: max_jobs")
-    if not isinstance(per, (int, float)) or isinstance(per, bool) or not math.isfinite(per) or per <= 0:
-        raise InvalidQueueSetting(f"{what}: per_seconds must be a number of seconds > 0; got {per!r}.")
-    return int(max_jobs), float(per)
-
-
-def _columns(**limits: Any) -> dict[str, Any]:
-    """QueueState columns for validated ``limits`` (keys of :data:`DECLARABLE`)."""
-    columns: dict[str, Any] = {}
-    for key, value in limits.items():
-        if key == "paused":
-            if not isinstance(value, bool):
-                raise InvalidQueueSetting(f"paused must be True or False; got {value!r}.")
-            columns["paused"] = value
-        elif key in ("concurrency", "max_size", "partition_concurrency", "partition_max_size"):
-            column = {"concurrency": "concurrency_limit"}.get(key, key)
-            columns[column] = _count(value, key)
-        elif key in ("rate_limit", "partition_rate_limit"):
-            rate = _rate(value, key)
-            columns[key] = rate[0] if rate else None
-            columns[f"{key.removesuffix('_limit')}_window_seconds"] = rate[1] if rate else None
-        else:
-            raise InvalidQueueSetting(f"Unknown queue setting {key!r}; allowed: {', '.join(DECLARABLE)}.")
-    return columns
-
-
 @dataclass(frozen=True)
 class QueueControl:
     """One queue of one backend; made by :func:`queue`."""
@@ -102,21 +53,15 @@ class QueueControl:
 
     @property
     def _using(self) -> str:
-        from .conf import get_settings
-
         return get_settings(self.backend).DATABASE
 
     def pause(self) -> None:
         """Stop every worker from starting this queue's jobs (running ones finish); enqueueing
         goes on. Holds from the moment it commits: the claim itself skips paused queues."""
-        from . import engine
-
         engine.set_queue_paused(using=self._using, queue=self.name, paused=True)
 
     def resume(self) -> None:
         """Let workers start this queue's jobs again (PostgreSQL wakes them with a NOTIFY)."""
-        from . import engine
-
         engine.set_queue_paused(using=self._using, queue=self.name, paused=False)
 
     def set_concurrency(self, n: int | None) -> None:
@@ -155,8 +100,6 @@ class QueueControl:
     @property
     def limits(self) -> QueueLimits:
         """The queue's flags and limits as stored now."""
-        from .models import QueueState
-
         row = QueueState.objects.using(self._using).filter(name=self.name).first()
         if row is None:
             return QueueLimits()
@@ -173,27 +116,19 @@ class QueueControl:
         )
 
     def _set(self, **limits: Any) -> None:
-        from . import engine
-
-        engine.update_queue_state(using=self._using, queue=self.name, changes=_columns(**limits))
+        engine.update_queue_state(using=self._using, queue=self.name, changes=queue_columns(**limits))
 
     @property
     def is_paused(self) -> bool:
-        from . import engine
-
         return engine.is_queue_paused(using=self._using, queue=self.name)
 
     def counts(self) -> dict[str, int]:
         """``{state: n}`` of the queue's unfinished jobs: waiting, delayed, active and
         waiting-children (finished jobs are history and are not scanned)."""
-        from . import engine
-
         return engine.queue_counts(using=self._using, backend=self.backend, queue=self.name)
 
     def drain(self) -> int:
         """Delete the queue's waiting and delayed jobs; return how many."""
-        from .models import Job
-
         ids = list(
             Job.objects.using(self._using)
             .filter(backend=self.backend, queue=self.name, state__in=["waiting", "delayed"])
@@ -204,8 +139,6 @@ class QueueControl:
     def clean(self, state: str, older_than: timedelta, limit: int = 1000) -> int:
         """Delete up to ``limit`` of the queue's jobs that finished in ``state`` (completed,
         failed or cancelled) more than ``older_than`` ago, oldest first; return how many."""
-        from .models import Job
-
         if state not in CLEANABLE_STATES:
             raise ValueError(
                 f"clean() removes finished jobs: state must be one of {', '.join(CLEANABLE_STATES)}; got {state!r}."
@@ -226,8 +159,6 @@ class QueueControl:
     def obliterate(self, *, force: bool = False) -> int:
         """Delete every job of the queue and its settings; return how many jobs. Refuses with
         QueueBusy while jobs of the queue run, unless ``force`` (their outcomes are then lost)."""
-        from .models import Job, QueueState
-
         jobs = Job.objects.using(self._using).filter(backend=self.backend, queue=self.name)
         active = jobs.filter(state="active").count()
         if active and not force:
@@ -239,8 +170,6 @@ class QueueControl:
         return deleted
 
     def _delete(self, ids: list[Any]) -> int:
-        from . import engine
-
         total = 0
         for start in range(0, len(ids), 1000):
             total += engine.delete_jobs(using=self._using, job_ids=ids[start : start + 1000])
@@ -253,40 +182,8 @@ def queue(name: str, *, backend: str = "default") -> QueueControl:
     Flags and limits belong to the queue name in the backend's database (backends sharing a
     database share them); counts and removals concern the jobs of ``backend``.
     """
-    from .backend import validate_queue_name
-
     validate_queue_name(name)
     return QueueControl(name=name, backend=backend)
-
-
-def validate_queue_declarations(declared: Any) -> dict[str, dict[str, Any]]:
-    """``DJANGO_JOBS["QUEUES"]`` validated and JSON-shaped (a rate limit as ``[max_jobs,
-    per_seconds]``); JobsConfigurationError naming the queue and the key for anything invalid."""
-    from .backend import validate_queue_name
-
-    if declared is None:
-        return {}
-    if not isinstance(declared, dict):
-        raise JobsConfigurationError(
-            'QUEUES must be a dict such as {"emails": {"concurrency": 5, "rate_limit": (20, 1.0)}}; '
-            f"got {type(declared).__name__}."
-        )
-    out: dict[str, dict[str, Any]] = {}
-    for name, limits in declared.items():
-        try:
-            validate_queue_name(name)
-        except JobsError as exc:
-            raise JobsConfigurationError(f"QUEUES: {exc}") from None
-        if not isinstance(limits, dict):
-            raise JobsConfigurationError(f"QUEUES[{name!r}] must be a dict of limits; got {limits!r}.")
-        try:
-            _columns(**limits)
-        except InvalidQueueSetting as exc:
-            raise JobsConfigurationError(f"QUEUES[{name!r}]: {exc}") from None
-        out[name] = {
-            k: list(_rate(v, k)) if k.endswith("rate_limit") and v is not None else v for k, v in limits.items()
-        }
-    return out
 
 
 def sync_queues(*, using: str, declared: dict[str, Any] | None) -> int:
@@ -298,10 +195,9 @@ def sync_queues(*, using: str, declared: dict[str, Any] | None) -> int:
     survives worker restarts until the settings change it. A key removed from the declaration,
     or a queue removed from it, goes back to no limit.
     """
-    from . import engine
 
     def columns_for(**keys: Any) -> dict[str, Any]:
-        return _columns(**{k: tuple(v) if isinstance(v, list) else v for k, v in keys.items()})
+        return queue_columns(**{k: tuple(v) if isinstance(v, list) else v for k, v in keys.items()})
 
     return engine.sync_queue_declarations(
         using=using, declared=validate_queue_declarations(declared), columns_for=columns_for

@@ -1,64 +1,25 @@
-"""Trace ids: every job carries one, and the jobs of one pipeline share it.
-
-A job's trace id is, in order: the one given with ``.using(trace_id=...)``; else the trace id of
-the job running in this thread or task (the executor sets it around the task call, so jobs a
-task enqueues inherit it); else a new one (``uuid7().hex``). :func:`trace` lists a pipeline.
-
-A leaf module: no models at import time, so ``django_jobs.trace`` is importable without settings.
-See docs/howto/idempotency-and-tracing.md.
+"""``django_jobs.trace(trace_id)``: the jobs of one pipeline. A job's trace id, and what decides
+it, are declared in :mod:`django_jobs.spec.tracing` (re-exported here, where they were first
+imported from). See docs/howto/idempotency-and-tracing.md.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
+from django.tasks import task_backends
+
+from .backend import JobsBackend
 from .exceptions import InvalidTaskOptions
-from .uuid7 import uuid7
-
-TRACE_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}\Z")  # \Z: "$" would let a final newline in
-
-#: The trace id of the job running in this context (None outside jobs). A ContextVar, so each
-#: executor thread and each async task sees its own, and coroutines inherit their caller's.
-_current: ContextVar[str | None] = ContextVar("django_jobs_trace_id", default=None)
-
-
-def validate_trace_id(value: Any) -> str:
-    """``value`` when it is a valid trace id; else InvalidTaskOptions saying what is allowed."""
-    if not isinstance(value, str) or not TRACE_ID_RE.match(value):
-        raise InvalidTaskOptions(
-            f"trace_id must be 1-64 characters of letters, digits, '-', '_', '.' and ':' (a W3C trace id, a "
-            f"request id, a UUID's hex); got {value!r}."
-        )
-    return value
-
-
-def current_trace_id() -> str | None:
-    """The trace id of the job running in this thread or task, or None outside a job."""
-    return _current.get()
-
-
-def new_trace_id() -> str:
-    """A fresh trace id: 32 hex digits of a UUIDv7 (time-ordered)."""
-    return uuid7().hex
-
-
-def trace_id_for_new_job(explicit: str | None = None) -> str:
-    """The trace id a job enqueued now gets: ``explicit``, else the running job's, else a new one."""
-    return explicit or _current.get() or new_trace_id()
-
-
-@contextmanager
-def running(trace_id: str | None) -> Iterator[None]:
-    """Make ``trace_id`` the current trace id inside the block (the executor, around a task call)."""
-    token = _current.set(trace_id)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+from .models import Job
+from .spec.tracing import (
+    TRACE_ID_RE,
+    current_trace_id,
+    new_trace_id,
+    running,
+    trace_id_for_new_job,
+    validate_trace_id,
+)
 
 
 def trace(trace_id: str, *, backend: str = "default") -> list[Any]:
@@ -67,11 +28,6 @@ def trace(trace_id: str, *, backend: str = "default") -> list[Any]:
 
     Raises ``ValueError`` for a string that cannot be a trace id.
     """
-    from django.tasks import task_backends
-
-    from .backend import JobsBackend
-    from .models import Job
-
     try:
         validate_trace_id(trace_id)
     except InvalidTaskOptions as exc:
@@ -86,4 +42,7 @@ def trace(trace_id: str, *, backend: str = "default") -> list[Any]:
     return [jobs_backend._result_from_job(job) for job in jobs.order_by("enqueued_at", "id")]
 
 
-__all__ = ["current_trace_id", "new_trace_id", "running", "trace", "trace_id_for_new_job", "validate_trace_id"]
+__all__ = [
+    "TRACE_ID_RE", "current_trace_id", "new_trace_id", "running", "trace", "trace_id_for_new_job",
+    "validate_trace_id",
+]  # fmt: skip

@@ -10,10 +10,10 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .. import retention
 from ..conf import get_settings
 from ..drivers import Driver, driver
 from ..models import Job
+from ..spec import retention
 from ..states import JobState
 from .common import (
     CANCEL_PREFIX,

@@ -17,8 +17,8 @@ from ..conf import get_settings
 from ..drivers import Driver, driver
 from ..drivers.inserts import MANY_ROW_PARAMS, MANY_SHARED_PARAMS
 from ..models import Job
+from ..spec.tracing import trace_id_for_new_job
 from ..states import JobState
-from ..tracing import trace_id_for_new_job
 from ..uuid7 import uuid7, uuid7_many
 from .common import (
     INSERT_CHUNK,

@@ -13,9 +13,9 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from .. import retention
 from ..db import is_transient
 from ..drivers import Driver, driver
+from ..spec import retention
 from ..states import FINISHED_STATES, JobState
 from .common import (
     JOB_TABLE,

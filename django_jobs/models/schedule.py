@@ -2,7 +2,11 @@
 (seed table ``scheduler``). The engine fires each tick once: a compare-and-set on
 ``next_run_at`` and a unique ``Job.scheduler_key`` per (schedule, tick)."""
 
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from ..exceptions import InvalidSchedule
+from ..spec.schedules import declaration_fields
 
 
 class CatchUp(models.TextChoices):
@@ -60,10 +64,6 @@ class Schedule(models.Model):
 
     def clean(self) -> None:
         """The same validation as ``django_jobs.schedule()`` (the admin's form calls it)."""
-        from django.core.exceptions import ValidationError
-
-        from ..schedules import InvalidSchedule, declaration_fields
-
         declaration = {
             "task": self.task_path,
             "cron": self.cron or None,

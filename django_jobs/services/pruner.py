@@ -6,7 +6,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from .. import engine, retention
+from .. import engine
+from ..spec import retention
 from .base import Service
 
 

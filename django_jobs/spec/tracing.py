@@ -1,0 +1,67 @@
+"""Trace ids: every job carries one, and the jobs of one pipeline share it.
+
+A job's trace id is, in order: the one given with ``.using(trace_id=...)``; else the trace id of
+the job running in this thread or task (the executor sets it around the task call, so jobs a
+task enqueues inherit it); else a new one (``uuid7().hex``). :func:`django_jobs.trace` lists a
+pipeline (:mod:`django_jobs.tracing`, a layer up: it reads jobs).
+
+Part of :mod:`django_jobs.spec`: no models, so the engine takes a new job's trace id from here and
+task modules can import it before Django is set up. See docs/howto/idempotency-and-tracing.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from ..exceptions import InvalidTaskOptions
+from ..uuid7 import uuid7
+
+TRACE_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}\Z")  # \Z: "$" would let a final newline in
+
+#: The trace id of the job running in this context (None outside jobs). A ContextVar, so each
+#: executor thread and each async task sees its own, and coroutines inherit their caller's.
+_current: ContextVar[str | None] = ContextVar("django_jobs_trace_id", default=None)
+
+
+def validate_trace_id(value: Any) -> str:
+    """``value`` when it is a valid trace id; else InvalidTaskOptions saying what is allowed."""
+    if not isinstance(value, str) or not TRACE_ID_RE.match(value):
+        raise InvalidTaskOptions(
+            f"trace_id must be 1-64 characters of letters, digits, '-', '_', '.' and ':' (a W3C trace id, a "
+            f"request id, a UUID's hex); got {value!r}."
+        )
+    return value
+
+
+def current_trace_id() -> str | None:
+    """The trace id of the job running in this thread or task, or None outside a job."""
+    return _current.get()
+
+
+def new_trace_id() -> str:
+    """A fresh trace id: 32 hex digits of a UUIDv7 (time-ordered)."""
+    return uuid7().hex
+
+
+def trace_id_for_new_job(explicit: str | None = None) -> str:
+    """The trace id a job enqueued now gets: ``explicit``, else the running job's, else a new one."""
+    return explicit or _current.get() or new_trace_id()
+
+
+@contextmanager
+def running(trace_id: str | None) -> Iterator[None]:
+    """Make ``trace_id`` the current trace id inside the block (the executor, around a task call)."""
+    token = _current.set(trace_id)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+__all__ = [
+    "TRACE_ID_RE", "current_trace_id", "new_trace_id", "running", "trace_id_for_new_job", "validate_trace_id",
+]  # fmt: skip
