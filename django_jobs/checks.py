@@ -21,6 +21,7 @@ from .drivers.mysql import MIN_MARIADB, MIN_MYSQL
 from .drivers.postgresql import MIN_VERSION as MIN_POSTGRESQL
 from .drivers.sqlite import MIN_VERSION as MIN_SQLITE
 from .drivers.sqlite import version as sqlite_version
+from .spec.settings import settings_problems
 
 SUPPORTED_VENDORS = tuple(DRIVERS)
 
@@ -66,7 +67,7 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
     except (JobsConfigurationError, TypeError) as exc:
         errors.append(checks.Error(f"{where}: {exc}", hint="See docs/reference/settings.md.", id="django_jobs.E002"))
         return errors
-    for problem in conf.validate():
+    for problem in settings_problems(conf):
         errors.append(
             checks.Error(f"{where}: {problem}", hint="See docs/reference/settings.md.", id="django_jobs.E002")
         )

@@ -3,11 +3,19 @@
 Values come from, in increasing precedence: the defaults below, the ``DJANGO_JOBS`` setting,
 and the ``OPTIONS`` of the backend in ``TASKS``. Read them through :func:`get_settings`; the
 cache is dropped on ``setting_changed`` so ``override_settings`` works in tests.
+
+A leaf of the layers: it imports only :mod:`django_jobs.exceptions`, so every layer (the
+drivers, the engine, :mod:`django_jobs.spec`) can read settings. The settings that hold
+declarations (``QUEUES``, ``RETENTION``, ``BACKOFF``) are validated by the spec modules that
+define those declarations, which read settings themselves:
+:func:`django_jobs.spec.settings.settings_problems` adds their problems to
+:meth:`JobsSettings.validate`'s.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
@@ -92,9 +100,10 @@ class JobsSettings:
     SQLITE_BUSY_TIMEOUT_MS: int = 30_000
 
     def validate(self) -> list[str]:
-        """Return a list of human-readable problems (empty when valid)."""
-        import re
+        """Return a list of human-readable problems of the plain settings (empty when valid).
 
+        The declarations (``QUEUES``, ``RETENTION``, ``BACKOFF``) are checked by
+        :func:`django_jobs.spec.settings.settings_problems`, which also returns these (check E002)."""
         problems = []
         # At most 56 characters: the events channel is NOTIFY_CHANNEL + "_events", and PostgreSQL
         # refuses a channel longer than 63.
@@ -126,13 +135,6 @@ class JobsSettings:
             problems.append("MIDDLEWARE must be a list of dotted paths (strings).")
         if self.SCHEDULES is not None and not isinstance(self.SCHEDULES, dict):
             problems.append("SCHEDULES must be a dict of {name: declaration}.")
-        if self.QUEUES is not None:
-            from .queues import validate_queue_declarations
-
-            try:
-                validate_queue_declarations(self.QUEUES)
-            except JobsConfigurationError as exc:
-                problems.append(str(exc))
         for name in ("EVENTS", "PREPARED_STATEMENTS"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be True or False.")
@@ -144,23 +146,10 @@ class JobsSettings:
             value = getattr(self, name)
             if not _positive(value) or not value <= most:
                 problems.append(f"{name} must be a positive number up to {most:,}.")
-        if self.RETENTION is not None:
-            from .retention import InvalidRetention, validate_retention_setting
-
-            try:
-                validate_retention_setting(self.RETENTION)
-            except InvalidRetention as exc:
-                problems.append(f"RETENTION: {exc}")
         if not _positive(self.MISFIRE_GRACE):
             problems.append("MISFIRE_GRACE must be a positive number of seconds.")
         if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:
             problems.append("SERVICE_BATCH_SIZE must be a positive integer.")
-        from .backoff import validate_backoff
-
-        try:
-            validate_backoff(self.BACKOFF)
-        except ValueError as exc:
-            problems.append(f"BACKOFF: {exc}")
         return problems
 
 

@@ -13,6 +13,7 @@ is importable before Django's app registry is ready. One module per declaration:
 * :mod:`.backoff`, :mod:`.dedup`, :mod:`.retention`, :mod:`.schedules`, :mod:`.tracing`: the
   declarations of those features, and the pure computations on them (the next backoff delay,
   a finished job's purge time, a schedule's next ticks, a new job's trace id);
+* :mod:`.settings`: the settings object's problems, declarations included (check E002).
 
 The modules that act on these declarations through the engine (``queue("x").pause()``,
 ``schedule(...)``, ``trace(...)``) stay one layer up, where users import them from.
