@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.apps import apps
 from django.core import checks
 from django.db import transaction
 from django.tasks import Task, TaskResult
@@ -567,6 +568,9 @@ class JobsBackend(BaseTaskBackend):
     # -- checks ------------------------------------------------------------------------------
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        missing = check_app_installed(self.alias)
+        if missing:
+            return missing  # the checks below would import the models, which cannot load
         from .checks import check_backend  # on first use: see the module's docstring (E001)
 
         return check_backend(self)
@@ -595,10 +599,26 @@ def task_for_job(path: str, backend: str, queue: str, priority: int, run_after: 
     return task
 
 
+def check_app_installed(alias: str) -> list[checks.CheckMessage]:
+    """E001: the backend ``alias`` is configured but ``django_jobs`` is not in ``INSTALLED_APPS``.
+
+    Here rather than in :mod:`django_jobs.checks`, which imports the drivers and so the models:
+    without the app they raise, so this check must run, and answer, without them."""
+    if apps.is_installed("django_jobs"):
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] uses django_jobs.backend.JobsBackend but 'django_jobs' is not in INSTALLED_APPS.",
+            hint="Add 'django_jobs' to INSTALLED_APPS and run `manage.py migrate`.",
+            id="django_jobs.E001",
+        )
+    ]
+
+
 # Names defined in django_jobs.spec and imported from here before it existed.
 __all__ = [
     "JOB_OPTIONS", "MAX_JSON_DEPTH", "QUEUE_NAME_RE", "JobCall", "JobResult", "JobTask", "JobsBackend", "backoff_path",
-    "call", "check_json", "check_run_after_bound", "declared_tasks", "max_run_after",
+    "call", "check_app_installed", "check_json", "check_run_after_bound", "declared_tasks", "max_run_after",
     "normalize_argument", "resolve_task", "stored_run_after", "task_for_job", "validate_job_options",
     "validate_option_types", "validate_queue_name",
 ]  # fmt: skip

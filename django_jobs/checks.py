@@ -5,6 +5,10 @@ E003 DATABASE alias unknown or vendor unsupported E004 database too old
 E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
 E007 invalid SCHEDULES declaration                E008 MySQL/MariaDB without SKIP LOCKED
 W001 invalid name in QUEUES                      W002 admin without rangefilter
+
+E001 itself is :func:`django_jobs.backend.check_app_installed`: this module imports the drivers,
+and so the models, which cannot load without the app; ``JobsBackend.check`` runs E001 first and
+imports this module only once it passes.
 """
 
 from __future__ import annotations
@@ -14,13 +18,20 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
+from django.db import connections
+from django.utils.module_loading import import_string
 
+from .backend import check_app_installed
+from .conf import GLOBAL_ONLY, SETTING_NAMES, get_settings
 from .db import jobs_database_aliases
 from .drivers import DRIVERS
 from .drivers.mysql import MIN_MARIADB, MIN_MYSQL
 from .drivers.postgresql import MIN_VERSION as MIN_POSTGRESQL
 from .drivers.sqlite import MIN_VERSION as MIN_SQLITE
 from .drivers.sqlite import version as sqlite_version
+from .exceptions import InvalidSchedule, JobsConfigurationError
+from .spec.queues import QUEUE_NAME_RE
+from .spec.schedules import declaration_fields, declared_schedules
 from .spec.settings import settings_problems
 
 SUPPORTED_VENDORS = tuple(DRIVERS)
@@ -28,22 +39,8 @@ SUPPORTED_VENDORS = tuple(DRIVERS)
 
 def check_backend(backend: Any) -> list[checks.CheckMessage]:
     """Checks for one JobsBackend (called through Django's tasks check)."""
-    from .backend import QUEUE_NAME_RE
-    from .conf import get_settings
-    from .exceptions import JobsConfigurationError
-
-    errors: list[checks.CheckMessage] = []
+    errors = check_app_installed(backend.alias)  # E001, which JobsBackend.check runs first on its own
     where = f"TASKS[{backend.alias!r}]"
-    if not apps.is_installed("django_jobs"):
-        errors.append(
-            checks.Error(
-                f"{where} uses django_jobs.backend.JobsBackend but 'django_jobs' is not in INSTALLED_APPS.",
-                hint="Add 'django_jobs' to INSTALLED_APPS and run `manage.py migrate`.",
-                id="django_jobs.E001",
-            )
-        )
-    from .conf import GLOBAL_ONLY, SETTING_NAMES
-
     option_keys = set(settings.TASKS.get(backend.alias, {}).get("OPTIONS") or {})
     unknown = sorted(option_keys - SETTING_NAMES)
     for key in sorted(option_keys & GLOBAL_ONLY):
@@ -90,8 +87,6 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                 )
             )
     if isinstance(conf.MIDDLEWARE, (list, tuple)):
-        from django.utils.module_loading import import_string
-
         for path in conf.MIDDLEWARE:
             if not isinstance(path, str):
                 continue  # reported by E002
@@ -115,8 +110,6 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
                     )
                 )
     if isinstance(conf.SCHEDULES, dict):
-        from .schedules import InvalidSchedule, declaration_fields, declared_schedules
-
         declared = declared_schedules(backend.alias)
         for name, declaration in (declared if isinstance(declared, dict) else {}).items():
             try:
@@ -153,8 +146,6 @@ def _vendor_of(alias: str, engine: str) -> str:
     """The vendor of a database without connecting (PostGIS counts as PostgreSQL, SpatiaLite as
     SQLite, Django's MySQL GIS backend as MySQL). Known engines are told by name, so a missing
     driver (MySQLdb, psycopg) is not imported here."""
-    from django.db import connections
-
     if "postgresql" in engine or "postgis" in engine:
         return "postgresql"
     if "sqlite" in engine or "spatialite" in engine:
@@ -170,8 +161,6 @@ def _vendor_of(alias: str, engine: str) -> str:
 @checks.register(checks.Tags.database)
 def check_database_version(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E004, E008: the jobs database is too old for the SQL the engine uses (runs with --database)."""
-    from django.db import connections
-
     errors: list[checks.CheckMessage] = []
     for alias in sorted(jobs_database_aliases() & set(databases or ())):
         if alias not in connections:
@@ -231,8 +220,6 @@ def mysql_version_problem(version: tuple[int, ...], mariadb: bool) -> str | None
 
 def check_worker_processes(alias: str, processes: int) -> list[checks.CheckMessage]:
     """E005: SQLite serialises writers on one file; several worker processes only contend."""
-    from django.db import connections
-
     if processes > 1 and connections[alias].vendor == "sqlite":
         return [
             checks.Error(
