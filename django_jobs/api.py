@@ -10,7 +10,10 @@ from django.db import transaction
 from django.tasks import TaskResult, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
 
+from . import engine
 from .exceptions import JobNotRetryable
+from .models import JobDependency
+from .signals import job_cancelled, send_job_signal
 
 
 def _job_id(result_id: Any) -> uuid.UUID:
@@ -27,9 +30,6 @@ def cancel(result_id: Any, *, backend: str = "default") -> TaskResult:
 
     Raises ``TaskResultDoesNotExist`` for an unknown id.
     """
-    from . import engine
-    from .signals import job_cancelled, send_job_signal
-
     jobs_backend = task_backends[backend]
     db = jobs_backend.database
     job_id = _job_id(result_id)
@@ -53,14 +53,10 @@ def retry(result_id: Any, *, backend: str = "default") -> TaskResult:
     """Re-queue a failed or cancelled job (one more attempt when its attempts are used up) and
     return its result. Raises ``TaskResultDoesNotExist`` for an unknown id and
     ``JobNotRetryable`` for a job in another state."""
-    from . import engine
-
     jobs_backend = task_backends[backend]
     job_id = _job_id(result_id)
     if not engine.retry_job(using=jobs_backend.database, job_id=job_id):
         result = jobs_backend.get_result(result_id)  # raises TaskResultDoesNotExist when unknown
-        from .models import JobDependency
-
         pending = JobDependency.objects.using(jobs_backend.database).filter(parent_id=job_id, status="pending").count()
         if pending:
             raise JobNotRetryable(

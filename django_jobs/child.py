@@ -28,6 +28,7 @@ def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], paren
 
         for alias, name in db_names.items():
             connections.settings[alias]["NAME"] = name
+        # Only now, after django.setup(): the executor imports the models (see the docstring).
         from .worker.executor import Attempt, Executor, event_loop_thread, job_timeout
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure to the parent
         conn.send(f"{type(exc).__name__}: {exc}")

@@ -11,7 +11,10 @@ from typing import Any, NoReturn
 
 from django.tasks import TaskContext
 
+from . import engine
+from .conf import get_settings
 from .exceptions import Fail, InvalidTaskArguments, Retry, Snooze
+from .spec.payload import check_json
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +57,6 @@ class JobContext(TaskContext):
         return self._children()["failures"]
 
     def _children(self) -> dict[str, dict[str, Any]]:
-        from . import engine
-
         return engine.children_values(using=self.database, parent_id=uuid.UUID(self.job_id))
 
     def fail(self, error_or_message: BaseException | str | None = None) -> NoReturn:
@@ -81,8 +82,6 @@ class JobContext(TaskContext):
             return answer
         now = time.monotonic()
         if now - checked >= 0.5:
-            from . import engine
-
             answer = engine.is_cancel_requested(using=self.database, job_id=uuid.UUID(self.job_id))
             self._cancel_seen[:] = [now, answer]
         return answer
@@ -90,12 +89,8 @@ class JobContext(TaskContext):
     def log(self, message: Any) -> bool:
         """Append a line to the job's log (``JobLog``), in order. Lines beyond ``LOG_MAX_LINES``
         are dropped; returns False when the line was not stored."""
-        from .conf import get_settings
-
         if self.lease_token is None:
             return False
-        from . import engine
-
         conf = get_settings(self.task_result.backend)
         with self._log_lock:
             return engine.append_job_log(
@@ -109,8 +104,6 @@ class JobContext(TaskContext):
     def set_progress(self, value: Any) -> bool:
         """Store progress on the job now: a number 0-100 or a JSON object. Returns False when the
         job is no longer this attempt's (its outcome was recorded, or it was rescued meanwhile)."""
-        from .backend import check_json
-
         if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
             raise InvalidTaskArguments(f"progress must be a number 0-100 or a dict; got {type(value).__name__}.")
         if isinstance(value, (int, float)) and not (math.isfinite(value) and 0 <= value <= 100):
@@ -118,8 +111,6 @@ class JobContext(TaskContext):
         check_json(value, "progress")
         if self.lease_token is None:  # not run by a worker (a bare TaskContext-like use)
             return False
-        from . import engine
-
         return engine.set_progress(
             using=self.database, job_id=uuid.UUID(self.job_id), lease_token=self.lease_token, value=value
         )

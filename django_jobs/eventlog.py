@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
+from django.db.models import Q
+from django.tasks import task_backends
 
 from .drivers import driver
+from .engine import events_channel
 from .exceptions import InvalidEventCursor
+from .models import Event
 
 __all__ = ["EventPage", "InvalidEventCursor", "events", "follow_events"]
 
@@ -75,12 +80,6 @@ def events(
     ``queue``, ``job`` (a result id) and ``kinds`` filter; the cursor still moves over the whole
     log, so the next call goes on from where this one stopped.
     """
-    import uuid
-
-    from django.tasks import task_backends
-
-    from .models import Event
-
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}; got {limit!r}.")
     if isinstance(kinds, str):
@@ -99,8 +98,6 @@ def events(
         last = rows.order_by("-txid", "-id").values_list("txid", "id").first()
         return EventPage([], f"{last[0]}.{last[1]}" if last else "0.0")
     txid, last_id = _parse(after)
-    from django.db.models import Q
-
     # txid >= t bounds the index range; the OR alone would make the database walk from the start.
     unread = rows.filter(txid__gte=txid).filter(Q(txid__gt=txid) | Q(txid=txid, id__gt=last_id))
     if upper is not None:
@@ -138,10 +135,6 @@ def follow_events(
     """Yield events as they commit, forever (or until ``stop()`` returns true). On PostgreSQL it
     LISTENs on the events channel and reads as soon as a transaction with events commits;
     elsewhere, and as a fallback, it polls every ``poll`` seconds."""
-    from django.tasks import task_backends
-
-    from .engine import events_channel
-
     using = task_backends[backend].database
     listener = None
     if driver(using).LISTEN_NOTIFY:

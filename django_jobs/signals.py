@@ -6,7 +6,12 @@ Job signals are sent with the backend's class as ``sender`` (as Django's task si
 are sent after the change is stored; a receiver that raises is logged and changes nothing.
 """
 
+import logging
+
 from django.dispatch import Signal
+from django.tasks import task_backends
+
+from .backend import JobsBackend
 
 #: Sent after each background service run. kwargs: ``service`` (name), ``counts`` (dict), ``worker_id``.
 service_ran = Signal()
@@ -39,15 +44,9 @@ def send_job_signal(signal: Signal, backend: str, **kwargs: object) -> None:
     """Send a job signal with the backend's class as sender; a receiver that raises is logged."""
     if not signal.receivers:
         return
-    import logging
-
-    from django.tasks import task_backends
-
     try:
         sender: type = type(task_backends[backend])
     except Exception:  # noqa: BLE001 - the alias vanished from settings; still send the signal
-        from .backend import JobsBackend
-
         sender = JobsBackend
     for receiver, response in signal.send_robust(sender=sender, backend=backend, **kwargs):
         if isinstance(response, Exception):

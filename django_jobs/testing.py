@@ -29,7 +29,8 @@ from django.tasks import Task, task_backends
 from django.utils import timezone
 
 from . import engine
-from .backend import JobResult
+from .backend import JobResult, JobsBackend
+from .exceptions import JobTimeout
 from .models import Job
 from .states import JobState
 from .worker.executor import Attempt, Executor, job_timeout, outcome_for
@@ -170,8 +171,6 @@ def perform_job(task: Task, *args: Any, **kwargs: Any) -> JobResult:
     run ONE attempt of it now, in this thread, through the worker's executor: middleware,
     ``JobContext``, signals and backoff included. Returns the stored result: SUCCESSFUL, FAILED,
     or READY when a retry or snooze is scheduled (the error is in ``result.errors``)."""
-    from .backend import JobsBackend
-
     _require_task(task, "perform_job")
     backend = task.get_backend()
     if not isinstance(backend, JobsBackend):
@@ -322,8 +321,6 @@ def _run_async_here(coro: Any, attempt: Attempt) -> Any:
     try:
         return async_to_sync(run)()
     except TimeoutError as exc:
-        from .exceptions import JobTimeout
-
         if attempt.remaining() == 0:
             raise JobTimeout(f"The task ran longer than its timeout of {attempt.timeout:g}s.") from exc
         raise

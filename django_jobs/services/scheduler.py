@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from ..schedules import fire_due
 from .base import Service
 
 
@@ -14,6 +15,4 @@ class Scheduler(Service):
     leader_only = False
 
     def run_once(self, now: datetime | None = None) -> dict[str, int]:
-        from ..schedules import fire_due
-
         return fire_due(backend=self.backend, now=now, grace=self.settings.MISFIRE_GRACE)

@@ -12,8 +12,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checks import check_worker_processes
 from ...exceptions import JobsError, WorkerCrashed
+from ...worker import Worker
 from ...worker.runner import DEFAULT_PREFETCH, MAX_WAIT_SECONDS
-from ...worker.supervisor import EXIT_FATAL
+from ...worker.supervisor import EXIT_FATAL, supervise
 
 
 def _seconds(name: str, raw: str, *, zero_ok: bool = False, high: float | None = None) -> float:
@@ -93,8 +94,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        from ...worker import Worker
-
         queues: list[str] | None = None
         if opts["queues"]:
             queues = [q.strip() for raw in opts["queues"] for q in raw.split(",") if q.strip()]
@@ -146,7 +145,6 @@ class Command(BaseCommand):
             if opts["verbosity"] >= 2 and stats.outcome_window:
                 self.stdout.write(f"Outcome window: {stats.outcome_window}.")
             return
-        from ...worker.supervisor import supervise
 
         def run_child(index: int) -> int:
             try:
