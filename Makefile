@@ -12,6 +12,7 @@ test:
 lint: venv
 	.venv/bin/python -m ruff check .
 	.venv/bin/python -m ruff format --check django_jobs tests benchmarks example_project
+	.venv/bin/lint-imports --no-logo
 
 bench: venv
 	scripts/ensure_postgres.sh

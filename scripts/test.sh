@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# make test: install what tests need, then makemigrations --check, ruff and the package check, then
-# the whole suite on SQLite, on PostgreSQL and on MariaDB/MySQL (servers started if needed;
-# JOBS_TEST_MYSQL=0 leaves MariaDB out): one pytest process per database, all at once, each on a
-# test database of its own.
+# make test: install what tests need, then makemigrations --check, ruff, lint-imports and the
+# package check, then the whole suite on SQLite, on PostgreSQL and on MariaDB/MySQL (servers
+# started if needed; JOBS_TEST_MYSQL=0 leaves MariaDB out): one pytest process per database, all
+# at once, each on a test database of its own.
 # Each writes its output to a log, printed whole when that process ends; a summary line per
 # database and the combined exit status come last. Extra arguments go to every pytest.
 set -uo pipefail
@@ -24,6 +24,9 @@ $PY example_project/manage.py makemigrations --check --dry-run || status=1
 
 echo "== ruff"
 $PY -m ruff check --quiet . || status=1
+
+echo "== lint-imports: the layers and contracts of [tool.importlinter] in pyproject.toml"
+.venv/bin/lint-imports --no-logo || status=1
 
 echo "== package: build, twine check, install the wheel in a fresh venv, run the demo"
 scripts/check_package.sh || status=1
