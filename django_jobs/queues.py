@@ -4,7 +4,8 @@ them; ``DJANGO_JOBS["QUEUES"]`` declares the same in settings. See docs/howto/qu
 rate-and-concurrency-limits.md, partitions.md and backpressure.md.
 
 The limits are stored on the queue's QueueState row, which every worker reads in its claim, so a
-change holds for every worker and host from the moment it commits.
+change holds for every worker and host from the moment it commits. Queue names and what a
+declaration may hold are :mod:`django_jobs.spec.queues` (re-exported here).
 """
 
 from __future__ import annotations

@@ -53,6 +53,9 @@ logger = logging.getLogger("django_jobs.schedules")
 MAX_TICKS_PER_RUN = 1000
 
 
+# -- the public API ------------------------------------------------------------------------------
+
+
 def run_now(sched: Any, *, now: datetime | None = None) -> Any:
     """Enqueue one job from ``sched``'s template at once, outside its ticks, and return the Job.
 
@@ -78,9 +81,6 @@ def run_now(sched: Any, *, now: datetime | None = None) -> Any:
         partition=job.partition_key,
         now=now,
     )
-
-
-# -- the public API ------------------------------------------------------------------------------
 
 
 def schedule(name: str, task: Any, **spec: Any) -> Any:
