@@ -224,7 +224,8 @@ def check_worker_processes(alias: str, processes: int) -> list[checks.CheckMessa
         return [
             checks.Error(
                 f"runworker --processes {processes} on SQLite database {alias!r}.",
-                hint="Run one process with more threads (-p 1 -c 8), or use PostgreSQL for several processes.",
+                hint="Run one process with more threads (-p 1 -c 8), or use PostgreSQL or MariaDB/MySQL for several "
+                "processes.",
                 id="django_jobs.E005",
             )
         ]
