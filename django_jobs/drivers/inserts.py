@@ -1,5 +1,5 @@
 """The INSERT statements of new jobs, built once per shape: enqueue is a hot path, and
-compiling Django's 32-column insert costs more than the database's work. The portable shape
+compiling Django's insert of every column costs more than the database's work. The portable shape
 (SQLite's, and the base of the others) and PostgreSQL's, which casts its parameters, stamps
 ``enqueued_at`` with the database clock and carries the job's event and NOTIFY."""
 

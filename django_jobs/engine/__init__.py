@@ -23,6 +23,7 @@ write ``engine.claim_jobs(...)``. Inside the package, modules import downward on
     schedules, queues, maintenance, workers
 """
 
+from ..drivers.base import UNFINISHED_SQL
 from .claim import claim_gated_jobs, claim_jobs, gated_queues
 from .common import (
     CANCEL_PREFIX,

@@ -23,8 +23,6 @@ QUEUE_TABLE = QueueState._meta.db_table
 START_TABLE = JobStart._meta.db_table
 EVENT_TABLE = Event._meta.db_table
 METRIC_TABLE = Metric._meta.db_table
-#: The unfinished states as an SQL list, spelled as the condition of django_jobs_unfinished_idx
-#: so the planner can use that index.
 
 
 @dataclass(slots=True)
