@@ -1,4 +1,4 @@
-"""One process of the dedup and idempotency concurrency tests (tests/test_dedup.py,
+"""One process of the dedup and idempotency concurrency tests (tests/contract/test_dedup.py,
 tests/test_idempotency_trace.py). Run as ``python -m tests.dedup_load MODE INDEX DIR [ARGS]``
 with the environment of ``tests.conftest.subprocess_env``.
 

@@ -267,7 +267,7 @@ def until_cancelled(context, path: str):
     return "stopped"
 
 
-# -- LIFO and enqueue_many (tests/test_lifo_and_bulk.py) ---------------------------------------
+# -- LIFO and enqueue_many (tests/contract/test_lifo_and_bulk.py) ---------------------------------------
 
 
 @task(lifo=True)

@@ -1,5 +1,5 @@
-"""Tasks for the event log, metrics and retention tests (tests/test_events.py, test_metrics.py,
-test_retention.py). Module-level, so subprocess workers can import them too."""
+"""Tasks for the event log, metrics and retention tests (tests/test_events.py,
+tests/contract/test_metrics.py, test_retention.py). Module-level, so subprocess workers can import them too."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""Tasks for the deduplication, idempotency and trace tests (tests/test_dedup.py,
+"""Tasks for the deduplication, idempotency and trace tests (tests/contract/test_dedup.py,
 tests/test_idempotency_trace.py, tests/dedup_load.py)."""
 
 from django.tasks import task

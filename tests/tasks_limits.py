@@ -1,4 +1,4 @@
-"""Tasks for the queue limits tests (tests/test_limits.py). Module-level, so subprocess workers
+"""Tasks for the queue limits tests (tests/contract/test_limits.py). Module-level, so subprocess workers
 import them too."""
 
 import os

@@ -1,4 +1,4 @@
-"""Tasks for the partition tests (tests/test_partitions.py). Module-level, so subprocess workers
+"""Tasks for the partition tests (tests/contract/test_partitions.py). Module-level, so subprocess workers
 import them too; they report through the JSON-lines probe (tests.tasks.record)."""
 
 import os

@@ -21,7 +21,7 @@ from django_jobs.testing import drain_queue, perform_job
 from django_jobs.tracing import current_trace_id
 from tests import tasks_dedup
 from tests.conftest import wait_until
-from tests.test_dedup import _results, _start
+from tests.contract.test_dedup import _results, _start
 
 db = pytest.mark.django_db
 committing = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,8 @@ from django.test import override_settings
 
 from django_jobs import engine
 from django_jobs.models import Job
+from tests import tasks
 from tests.factories import claim, record
-
-from . import tasks
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
