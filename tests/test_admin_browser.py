@@ -120,6 +120,9 @@ def cell(page, queue: str, attr: str, value: str) -> str:
     return page.locator(f'tr[data-queue="{queue}"] td[{attr}="{value}"]').inner_text().strip()
 
 
+ACTION_TIMEOUT_MS = 60_000
+
+
 def run_action(page, action: str, *, select=(), whole_page: bool = False, across: bool = False) -> str:
     """Tick ``select`` (job ids) or the whole page, optionally "select all" across the results,
     pick ``action`` in the dropdown, press Run; return the messages of the next page."""
@@ -131,12 +134,14 @@ def run_action(page, action: str, *, select=(), whole_page: bool = False, across
         page.click("div.actions span.question a")
         assert page.locator("div.actions span.all").is_visible(), "the selection covers every page"
     page.select_option("div.actions select[name=action]", action)
-    with page.expect_navigation():
-        page.click("div.actions button[name=index]")
+    # An action on every matching job answers after it acted on all of them: with three suites
+    # sharing two cores (make test), 105 of them have taken longer than Playwright's default 10 s.
+    with page.expect_navigation(timeout=ACTION_TIMEOUT_MS):
+        page.click("div.actions button[name=index]", timeout=ACTION_TIMEOUT_MS)
     if action == "delete_jobs":  # a confirmation page first, as Django's own delete
         assert page.locator("#dj-delete-summary").is_visible()
-        with page.expect_navigation():
-            page.click("#content input[type=submit]")
+        with page.expect_navigation(timeout=ACTION_TIMEOUT_MS):
+            page.click("#content input[type=submit]", timeout=ACTION_TIMEOUT_MS)
     return messages(page)
 
 
