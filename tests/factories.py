@@ -157,11 +157,15 @@ def settled() -> str:
 
     On PostgreSQL a page holds only events of transactions older than every running one, and
     that horizon is the whole server's: another database's open transaction (other test runs
-    share the server) can hold our committed events back for a moment."""
-    last = Event.objects.order_by("-txid", "-id").first()
-    end = f"{last.txid}.{last.id}" if last else "0.0"
-    wait_until(lambda: django_jobs.events("latest").cursor == end, timeout=VISIBLE, message=f"events up to {end}")
-    return end
+    share the server) can hold our committed events back for a moment. On MySQL an event is
+    readable once a reader published it."""
+
+    def caught_up() -> str | None:
+        latest = django_jobs.events("latest").cursor  # on MySQL this also publishes what committed
+        last = Event.objects.order_by("-txid", "-id").first()
+        return latest if latest == (f"{last.txid}.{last.id}" if last else "0.0") else None
+
+    return wait_until(caught_up, timeout=VISIBLE, message="every committed event to be readable")
 
 
 def pg_session(dbname: str | None = None) -> Any:

@@ -164,10 +164,10 @@ def test_pausing_a_paused_queue_writes_no_second_paused_event():
 
 
 @pytest.mark.xfail(
-    settings.DATABASES["default"]["ENGINE"].endswith(("sqlite3", "mysql")),
+    settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
     strict=True,
-    reason="documented limitation (docs/reference/events.md): on SQLite and MySQL/MariaDB a reader inside a "
-    "transaction that writes events sees them before they commit",
+    reason="documented limitation (docs/reference/events.md): on SQLite a reader inside a transaction that writes "
+    "events sees them before they commit",
 )
 def test_a_reader_inside_a_transaction_is_never_handed_events_that_then_roll_back():
     cursor = settled()

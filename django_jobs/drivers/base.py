@@ -24,7 +24,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..models import Event, Job, Metric, QueueState
+from ..models import Event, Job, Lease, Metric, QueueState
 from ..models.dedup import JobDedup, JobDedupNext
 from ..states import UNFINISHED_STATES
 
@@ -34,6 +34,7 @@ EVENT_TABLE = Event._meta.db_table
 DEDUP_TABLE = JobDedup._meta.db_table
 DEDUP_NEXT_TABLE = JobDedupNext._meta.db_table
 METRIC_TABLE = Metric._meta.db_table
+LEASE_TABLE = Lease._meta.db_table
 #: The unfinished states as an SQL list, spelled as the condition of django_jobs_unfinished_idx
 #: so the planner can use that index.
 UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
@@ -83,6 +84,9 @@ class Driver:
     #: A batch of jobs travels as one JSON parameter (a constant-shape statement), so a chunk is
     #: bounded by its characters of JSON as well as its rows.
     BATCH_AS_JSON: ClassVar[bool] = False
+    #: The ``txid`` a new event is written with where the driver does not order events by its
+    #: writer's transaction (see :meth:`events_horizon`).
+    NEW_EVENT_TXID: ClassVar[int] = 0
 
     def __init__(self, using: str):
         self.using = using
@@ -233,8 +237,9 @@ class Driver:
     # -- events (django_jobs_events) ----------------------------------------------------------------
 
     def events_horizon(self, cursor: Any) -> int | None:
-        """The transaction id below which every writer of events has ended (see eventlog.py);
-        None where events are ordered by id alone (the writes are serialised)."""
+        """The ``txid`` below which no event can still appear (see eventlog.py): the oldest
+        running writer's transaction id (PostgreSQL), the next batch to publish (MySQL); None
+        where events are ordered by id alone (SQLite: the writes are serialised)."""
         return None
 
     def append_events(
@@ -247,7 +252,7 @@ class Driver:
         """Insert ``(queue, job id, kind, data)`` events in the caller's transaction."""
         for start in range(0, len(events), CHUNK):
             part = events[start : start + CHUNK]
-            rows = ", ".join(["(0, %s, %s, %s, %s, %s)"] * len(part))
+            rows = ", ".join([f"({self.NEW_EVENT_TXID}, %s, %s, %s, %s, %s)"] * len(part))
             params: list[Any] = []
             for queue, job_id, kind, data in part:
                 params += [queue, self.uuid(job_id), kind, json.dumps(data, default=str), self.dt(created)]

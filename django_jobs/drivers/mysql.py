@@ -23,11 +23,14 @@ from typing import Any
 from django.db import transaction
 
 from .base import (
+    CHUNK,
     CLAIM_COLUMNS,
     CLAIM_JSON,
     DEDUP_NEXT_TABLE,
     DEDUP_TABLE,
+    EVENT_TABLE,
     JOB_TABLE,
+    LEASE_TABLE,
     METRIC_TABLE,
     OUTCOME_COLUMNS,
     OUTCOME_RETURNING,
@@ -49,6 +52,16 @@ _ENQUEUED_PARAM = 11  # enqueued_at's place in engine.insert._insert_params
 _MANY_VALUES = _NEW_JOB_VALUES.replace("0, 0, 0, '[]', '[]'", "%s, %s, %s, %s, %s")
 
 
+#: The txid of an event no reader may see yet: written by every writer, replaced by a batch
+#: number when published (:meth:`MySQLDriver.events_horizon`). Above every batch number, so
+#: the order index keeps unpublished events after the published ones.
+UNPUBLISHED = 1 << 62
+#: The lease row whose counter numbers the published batches (models/lease.py).
+EVENTS_LEASE = "events"
+#: Events published per read of the log, at most.
+PUBLISH_BATCH = 10_000
+
+
 def _marks(n: int) -> str:
     return ", ".join(["%s"] * n)
 
@@ -60,6 +73,51 @@ class MySQLDriver(Driver):
     SKIP_LOCKED = True
     ROW_LOCKS = True
     PARTIAL_INDEXES = False
+    NEW_EVENT_TXID = UNPUBLISHED
+
+    # -- the event log (django_jobs_event) -----------------------------------------------------
+
+    def events_horizon(self, cursor: Any) -> int | None:
+        """Publish the events committed since the last read, then return the first batch number
+        no reader may see yet.
+
+        InnoDB hands out AUTO_INCREMENT ids before commit and has no horizon of running
+        transactions to read, so event ids commit out of order with nothing to tell a reader
+        which are still to come. Events are therefore written unpublished (``txid`` =
+        :data:`UNPUBLISHED`) and a reader publishes them: it locks the committed ones
+        (``SKIP LOCKED`` passes those whose transaction is still running), takes the next batch
+        number from the ``events`` lease row and stamps them with it. The row lock makes
+        publishers take turns, so batch numbers commit in order; an event that commits later
+        gets a later batch, whatever its id. Pages are ordered by ``(txid, id)`` below the
+        horizon: a cursor never passes an event that can still appear.
+
+        Inside the caller's transaction nothing is published (its own uncommitted events would
+        be, and a rollback would hand their batch number out again): the page holds what earlier
+        reads published.
+        """
+        if not self.connection.in_atomic_block:
+            with transaction.atomic(using=self.using):
+                cursor.execute(
+                    f"SELECT id FROM {EVENT_TABLE} WHERE txid = %s ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
+                    [UNPUBLISHED, PUBLISH_BATCH],
+                )
+                ids = [row[0] for row in cursor.fetchall()]
+                if ids:
+                    cursor.execute(
+                        f"INSERT INTO {LEASE_TABLE} (name, holder, counter) VALUES (%s, '', 1) "
+                        f"ON DUPLICATE KEY UPDATE counter = counter + 1",
+                        [EVENTS_LEASE],
+                    )
+                    cursor.execute(f"SELECT counter FROM {LEASE_TABLE} WHERE name = %s", [EVENTS_LEASE])
+                    batch = cursor.fetchone()[0]
+                    for start in range(0, len(ids), CHUNK):
+                        part = ids[start : start + CHUNK]
+                        cursor.execute(
+                            f"UPDATE {EVENT_TABLE} SET txid = %s WHERE id IN ({_marks(len(part))})", [batch, *part]
+                        )
+        cursor.execute(f"SELECT counter FROM {LEASE_TABLE} WHERE name = %s", [EVENTS_LEASE])
+        row = cursor.fetchone()
+        return (row[0] if row else 0) + 1
 
     # -- SQL fragments --------------------------------------------------------------------------
 

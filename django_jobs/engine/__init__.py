@@ -83,7 +83,15 @@ from .queues import (
     update_queue_state,
 )
 from .schedules import advance_schedule
-from .workers import heartbeat_worker, leader_id, register_worker, remove_dead_workers, unregister_worker
+from .workers import (
+    heartbeat_worker,
+    leader_id,
+    register_worker,
+    remove_dead_workers,
+    resign_leadership,
+    take_leadership,
+    unregister_worker,
+)
 
 __all__ = [
     "CANCEL_PREFIX",
@@ -129,6 +137,8 @@ __all__ = [
     "is_queue_paused",
     "known_queues",
     "leader_id",
+    "resign_leadership",
+    "take_leadership",
     "make_due",
     "notify",
     "promote_dedup_stashes",

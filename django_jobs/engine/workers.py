@@ -1,13 +1,17 @@
-"""The worker table: register, heartbeat, unregister, remove the dead, and the leader."""
+"""The worker table (register, heartbeat, unregister, remove the dead) and leadership: a lease
+row per backend alias (``leader:<backend>`` in django_jobs_lease) on the database's clock."""
 
 from __future__ import annotations
 
 import socket
 from datetime import datetime, timedelta
 
+from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from ..models import Worker
+from ..models import Lease, Worker
 
 
 def register_worker(
@@ -48,13 +52,42 @@ def remove_dead_workers(
     return deleted
 
 
-def leader_id(*, using: str, backend: str, alive_within: timedelta, now: datetime | None = None) -> str | None:
-    """The oldest live worker of ``backend`` leads the leader-only services."""
-    cutoff = (now or timezone.now()) - alive_within
+def _leader_lease(backend: str) -> str:
+    return f"leader:{backend}"
+
+
+def take_leadership(*, using: str, backend: str, worker_id: str, seconds: float) -> bool:
+    """Take or renew the leadership of ``backend`` for ``seconds`` of the database's clock: True
+    when this worker holds it now (it held it, or it was free or had expired). Several hosts
+    agree on who leads whatever their own clocks say."""
+    name = _leader_lease(backend)
+    free = Q(holder=worker_id) | Q(holder="") | Q(expires_at__isnull=True) | Q(expires_at__lt=Now())
+    until = ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+    leases = Lease.objects.using(using)
+    if leases.filter(free, name=name).update(holder=worker_id, expires_at=until):
+        return True
+    if leases.filter(name=name).exists():
+        return False  # another live worker leads
+    try:
+        with transaction.atomic(using=using):
+            Lease.objects.using(using).create(name=name)
+    except IntegrityError:
+        pass  # another worker created it first
+    return bool(leases.filter(free, name=name).update(holder=worker_id, expires_at=until))
+
+
+def resign_leadership(*, using: str, backend: str, worker_id: str) -> None:
+    """Give the leadership up (a worker that stops), so the next worker takes it at its next
+    check instead of after the lease expires."""
+    Lease.objects.using(using).filter(name=_leader_lease(backend), holder=worker_id).update(holder="", expires_at=None)
+
+
+def leader_id(*, using: str, backend: str) -> str | None:
+    """The worker that leads ``backend``'s leader-only services now (None when nobody does)."""
     return (
-        Worker.objects.using(using)
-        .filter(backend=backend, heartbeat_at__gte=cutoff)
-        .order_by("started_at", "id")
-        .values_list("id", flat=True)
+        Lease.objects.using(using)
+        .filter(name=_leader_lease(backend), expires_at__gt=Now())
+        .exclude(holder="")
+        .values_list("holder", flat=True)
         .first()
     )

@@ -6,6 +6,7 @@ from .dedup import JobDedup, JobDedupNext
 from .dependency import DependencyStatus, FailurePolicy, JobDependency
 from .event import Event, Metric, MetricQuerySet
 from .job import Job, JobQuerySet
+from .lease import Lease
 from .log import JobLog, JobLogQuerySet
 from .queue import JobStart, QueueState, QueueStateQuerySet, declared_queues, known_queues, queue_exists
 from .schedule import CatchUp, Schedule
@@ -25,6 +26,7 @@ __all__ = [
     "JobLogQuerySet",
     "JobStart",
     "JobQuerySet",
+    "Lease",
     "QueueState",
     "QueueStateQuerySet",
     "CatchUp",

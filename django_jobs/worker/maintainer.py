@@ -2,8 +2,8 @@
 
 Its thread ticks every 0.1 s. Every ``LEASE_SECONDS / 3`` it extends the leases the worker
 holds and moves the heartbeat (registering again if the reaper took the worker for dead); it
-works out whether this worker is the leader of its backend alias (the live worker that started
-first); it runs the services when due (the rescuer, reaper and sweepers only on the leader);
+takes or renews the leadership of its backend alias (a lease row on the database's clock,
+``engine.take_leadership``; a draining worker gives it up); it runs the services when due (the rescuer, reaper and sweepers only on the leader);
 and it polls for cancels of running jobs when no NOTIFY brings them.
 """
 
@@ -14,7 +14,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError
@@ -117,6 +116,7 @@ class Maintainer:
             Pruner(**common, interval=s.PRUNE_INTERVAL),
         ]
         is_leader = False
+        leader_until = 0.0  # monotonic end of the leadership taken at the last check
         next_leader_check = 0.0
         next_cancel_poll = 0.0
         failures = 0
@@ -136,11 +136,19 @@ class Maintainer:
                         self.register()  # the reaper took us for dead; come back
                     next_renew = now + renew_every
                 if now >= next_leader_check:
-                    leader = engine.leader_id(
-                        using=self.using, backend=self.backend, alive_within=timedelta(seconds=s.LEASE_SECONDS)
-                    )
-                    is_leader = leader == self.worker_id
+                    if self._stopping.is_set():  # draining: let a worker that goes on lead
+                        if is_leader:
+                            self._resign()
+                        is_leader = False
+                    else:
+                        is_leader = engine.take_leadership(
+                            using=self.using, backend=self.backend, worker_id=self.worker_id, seconds=s.LEASE_SECONDS
+                        )
+                        leader_until = now + s.LEASE_SECONDS  # `now` was read before the lease was taken
                     next_leader_check = now + min(s.RESCUE_INTERVAL, renew_every)
+                # A leadership this worker could not renew in time (the database was away) has
+                # expired: another worker may lead by now.
+                is_leader = is_leader and now < leader_until
                 for service in services:
                     if self._stopping.is_set():  # draining: keep renewing leases, start no new work
                         break
@@ -163,4 +171,12 @@ class Maintainer:
                 failures += 1
                 logger.exception("Worker %s: maintenance step failed; retrying.", self.worker_id)
                 self._stopping.wait(min(5.0, 0.05 * 2 ** min(failures, 6)))
+        if is_leader:
+            self._resign()
         close_connection(self.using)
+
+    def _resign(self) -> None:
+        try:
+            engine.resign_leadership(using=self.using, backend=self.backend, worker_id=self.worker_id)
+        except DatabaseError:
+            pass  # the lease expires by itself within LEASE_SECONDS
