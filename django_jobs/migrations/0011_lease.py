@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobs', '0009_parent_index_only_where_set'),
+        ('django_jobs', '0010_mysql_binary_collation'),
     ]
 
     operations = [
