@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
-    # "postgres": skipped on every other vendor, SQLite and MySQL/MariaDB alike. "needs(FLAG)":
-    # skipped where the database's driver lacks that capability (django_jobs.drivers.Driver).
+    # "postgres" / "mysql": skipped on every other vendor. "needs(FLAG)": skipped where the
+    # database's driver lacks that capability (django_jobs.drivers.Driver).
     vendor = os.environ.get("JOBS_TEST_DB", "sqlite")
     from django_jobs.drivers import driver
 
@@ -28,6 +28,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(
                 pytest.mark.skip(reason="PostgreSQL-only feature; runs in the PostgreSQL half of make test")
             )
+        if item.get_closest_marker("mysql") and vendor != "mysql":
+            item.add_marker(pytest.mark.skip(reason="MySQL/MariaDB-only schema; runs in the MariaDB half of make test"))
         for mark in item.iter_markers("needs"):
             missing = [flag for flag in mark.args if not getattr(driver("default"), flag)]
             if missing:

@@ -256,6 +256,7 @@ def test_search_by_id_trace_keys_and_task(admin_client):
     assert listed(page(admin_client, q="task:tasks.noop")) == {a.id, c.id, d.id}
     assert listed(page(admin_client, q="tests.tasks.add")) == {b.id}, "a known task path"
     assert listed(page(admin_client, q="task:tests.tasks.noop")) == {a.id, c.id, d.id}
+    assert listed(page(admin_client, q="task:Tasks.NOOP")) == {a.id, c.id, d.id}, "in any case"
     assert listed(page(admin_client, q=f"id:{c.id}")) == {c.id}
     assert listed(page(admin_client, q="id:nope")) == set()
     assert listed(page(admin_client, q="nothing-matches")) == set()
@@ -589,6 +590,16 @@ def test_schedule_list_and_change_page_show_the_next_five_runs(admin_client):
     assert [r.split(" ")[0] for r in shown] == [
         e.astimezone(schedules.zone("Europe/Paris")).date().isoformat() for e in expected
     ]
+
+
+@pytest.mark.django_db
+def test_schedule_search_matches_names_and_task_paths_in_any_case(admin_client):
+    schedules.schedule("Nightly-Report", "tests.tasks.add", cron="0 3 * * *")
+    schedules.schedule("hourly", "tests.tasks.noop", cron="0 * * * *")
+    assert "Nightly-Report" in page(admin_client, SCHEDULES, q="nightly")
+    assert "hourly" not in page(admin_client, SCHEDULES, q="nightly")
+    assert "hourly" in page(admin_client, SCHEDULES, q="TASKS.NOOP")
+    assert "Nightly-Report" not in page(admin_client, SCHEDULES, q="report noop")
 
 
 @pytest.mark.django_db

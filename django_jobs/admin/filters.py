@@ -16,6 +16,8 @@ from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import Q
+from django.db.models.functions import Lower
+from django.db.models.lookups import Contains
 from django.tasks import Task
 from django.utils.module_loading import autodiscover_modules
 
@@ -220,8 +222,10 @@ def search_jobs(request: Any, queryset: Any, search_term: str) -> tuple[Any, boo
             value = parse_uuid(value)
             if value is None:
                 return queryset.none(), False
-        elif lookup == "task_path__icontains" and value in known_task_paths(request):
-            lookup = "task_path"
+        elif lookup == "task_path__icontains":
+            if value in known_task_paths(request):
+                return queryset.filter(task_path=value), False
+            return queryset.filter(containing("task_path", value)), False
         return queryset.filter(**{lookup: value}), False
     as_uuid = parse_uuid(term)
     if as_uuid is not None:
@@ -230,7 +234,14 @@ def search_jobs(request: Any, queryset: Any, search_term: str) -> tuple[Any, boo
     paths = [p for p in known_task_paths(request) if term.lower() in p.lower()]
     if paths:
         return queryset.filter(indexed | Q(task_path__in=paths)), False
-    return queryset.filter(indexed | Q(dedup_key=term) | Q(partition_key=term) | Q(task_path__icontains=term)), False
+    return queryset.filter(indexed | Q(dedup_key=term) | Q(partition_key=term) | containing("task_path", term)), False
+
+
+def containing(field: str, term: str) -> Q:
+    """Rows whose ``field`` contains ``term`` in any case. Lowered on both sides rather than
+    ``icontains``, which MySQL/MariaDB spell as a plain LIKE: that follows the column's
+    collation, binary there for names and keys (migration 0010)."""
+    return Q(Contains(Lower(field), term.lower()))
 
 
 __all__ = [
@@ -239,6 +250,7 @@ __all__ = [
     "StateFilter",
     "TaskFilter",
     "TraceFilter",
+    "containing",
     "known_task_paths",
     "queue_names",
     "range_filters",

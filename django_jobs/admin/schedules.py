@@ -19,6 +19,7 @@ from ..exceptions import JobsError
 from ..models import Schedule
 from ..schedules import InvalidSchedule, first_tick, next_runs, run_now, zone
 from .changelist import SafeChangeList
+from .filters import containing
 
 #: The Schedule columns that decide when it fires (the preview reads them from the form).
 TIMING_FIELDS = ("cron", "every_seconds", "offset_seconds", "timezone", "start_at", "end_at", "limit")
@@ -62,6 +63,13 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     def get_changelist(self, request, **kwargs):
         return SafeChangeList
+
+    def get_search_results(self, request, queryset, search_term):
+        """Schedules whose name or task path contains each word of the term, in any case, on
+        every database (see :func:`.filters.containing`)."""
+        for word in search_term.split():
+            queryset = queryset.filter(containing("name", word) | containing("task_path", word))
+        return queryset, False
 
     def changelist_view(self, request, extra_context=None):
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if request.method == "POST" else []
