@@ -24,6 +24,7 @@ write ``engine.claim_jobs(...)``. Inside the package, modules import downward on
 """
 
 from ..drivers.base import UNFINISHED_SQL
+from ..spec.newjob import NewJob
 from .claim import claim_gated_jobs, claim_jobs, gated_queues
 from .common import (
     CANCEL_PREFIX,
@@ -34,7 +35,7 @@ from .common import (
     QUEUE_TABLE,
     START_TABLE,
     ClaimedJob,
-    NewJob,
+    NewRow,
     Outcome,
     events_channel,
     events_enabled,
@@ -100,6 +101,7 @@ __all__ = [
     "JOB_TABLE",
     "METRIC_TABLE",
     "NewJob",
+    "NewRow",
     "Outcome",
     "QUEUE_TABLE",
     "RescuedJob",
