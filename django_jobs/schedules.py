@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -233,8 +234,8 @@ def _fire(sched: Any, using: str, now: datetime, grace: float, counts: dict[str,
 
 
 def _job_for(sched: Any) -> NewJob:
-    """The job a schedule's tick enqueues (the template, as enqueue would store it; due at once,
-    whatever run_after its options give the task)."""
+    """The job a schedule's tick (or :func:`run_now`) enqueues: the template, as enqueue would
+    store it, due at once."""
     task = resolve_task(sched.task_path)
     changes: dict[str, Any] = {"backend": sched.backend, **sched.options}
     if sched.queue:
@@ -243,19 +244,17 @@ def _job_for(sched: Any) -> NewJob:
         changes["priority"] = sched.priority
     task = task.using(**changes)
     max_attempts, options = job_fields(task, default_max_attempts=get_settings(sched.backend).MAX_ATTEMPTS)
-    return NewJob(
+    job = NewJob.for_task(
+        task,
         backend=sched.backend,
-        task_path=task.module_path,
-        queue=task.queue_name,
-        priority=task.priority,
         args=list(sched.args),
         kwargs=dict(sched.kwargs),
         max_attempts=max_attempts,
         options=options,
-        lifo=bool(getattr(task, "lifo", False)),
         trace_id=new_trace_id(),
-        partition=getattr(task, "partition", None),
     )
+    # Due at the tick: a run_after the task carries (a module-level .using()) is not waited for.
+    return job if job.run_after is None else replace(job, run_after=None)
 
 
 def _tick_key(sched: Any, tick: datetime) -> str:
