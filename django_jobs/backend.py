@@ -35,6 +35,7 @@ from .conf import get_settings
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions, RunAfterOutOfRange
 from .spec.backoff import backoff_path
 from .spec.dedup import Dedup
+from .spec.newjob import NewJob
 from .spec.options import (
     JOB_OPTIONS,
     check_run_after_bound,
@@ -293,59 +294,41 @@ class JobsBackend(BaseTaskBackend):
         args, kwargs = check_payload(args, kwargs, cap=self.settings.MAX_PAYLOAD_BYTES)
         max_attempts, options = job_fields(task, default_max_attempts=self.settings.MAX_ATTEMPTS)
 
-        trace_id = trace_id_for_new_job(getattr(task, "trace_id", None))
-        fields = self._insert_fields(task, args, kwargs, max_attempts, options, trace_id)
+        job = NewJob.for_task(
+            task,
+            backend=self.alias,
+            args=args,
+            kwargs=kwargs,
+            max_attempts=max_attempts,
+            options=options,
+            trace_id=trace_id_for_new_job(getattr(task, "trace_id", None)),
+        )
         dedup = getattr(task, "dedup", None)
         idempotency_key = getattr(task, "idempotency_key", None)
         if dedup is not None:
-            result, _ = self._enqueue_deduplicated(task, dedup, fields, notify_workers=True)
+            result, _ = self._enqueue_deduplicated(task, dedup, job, notify_workers=True)
         elif idempotency_key is not None:
-            job, created = engine.insert_job_once(**fields, idempotency_key=idempotency_key)
-            result = self._result_from_job(job, _same_task(task, job), duplicate=not created)
+            found, created = engine.insert_job_once(job, using=self.database, idempotency_key=idempotency_key)
+            result = self._result_from_job(found, _same_task(task, found), duplicate=not created)
         else:
-            result = self._result_from_new_job(engine.insert_new_job(**fields), task)
+            result = self._result_from_new_job(engine.insert_new_job(job, using=self.database), task)
         if not result.duplicate:
             transaction.on_commit(
                 lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
             )
         return result
 
-    def _insert_fields(
-        self,
-        task: Task,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        max_attempts: int,
-        options: dict[str, Any],
-        trace_id: str,
-    ) -> dict[str, Any]:
-        """The keyword arguments of the engine's insert functions for one job of ``task``."""
-        return {
-            "using": self.database,
-            "backend": self.alias,
-            "task_path": task.module_path,
-            "queue": task.queue_name,
-            "priority": task.priority,
-            "args": args,
-            "kwargs": kwargs,
-            "max_attempts": max_attempts,
-            "options": options,
-            "run_after": task.run_after,
-            "lifo": bool(getattr(task, "lifo", False)),
-            "trace_id": trace_id,
-            "partition": getattr(task, "partition", None),
-        }
-
     def _enqueue_deduplicated(
-        self, task: Task, dedup: Dedup, fields: dict[str, Any], *, notify_workers: bool
+        self, task: Task, dedup: Dedup, job: NewJob, *, notify_workers: bool
     ) -> tuple[JobResult, bool]:
-        """One enqueue through :func:`engine.enqueue_deduplicated` (``fields`` as insert_job takes
-        them); its result, and whether a job became waiting (workers to wake)."""
+        """One enqueue of ``job`` through :func:`engine.enqueue_deduplicated`; its result, and
+        whether a job became waiting (workers to wake)."""
         from . import engine  # on first use: see the module's docstring (E001)
 
         done = engine.enqueue_deduplicated(
-            **fields,
-            key=dedup.key_for(fields["args"], fields["kwargs"]),
+            job,
+            using=self.database,
+            key=dedup.key_for(job.args, job.kwargs),
             ttl=dedup.ttl,
             extend=dedup.extend,
             replace=dedup.replace,
@@ -387,12 +370,15 @@ class JobsBackend(BaseTaskBackend):
                 "dedup key computed from its arguments: dedup=Dedup(lambda args, kwargs: f'order:{args[0]}')."
             )
         max_attempts, options = job_fields(task, default_max_attempts=self.settings.MAX_ATTEMPTS)
-        lifo = bool(getattr(task, "lifo", False))
         using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
         trace_id = trace_id_for_new_job(getattr(task, "trace_id", None))
+        # What every job of the call shares; each one's arguments are its item's.
+        shared = NewJob.for_task(
+            task, backend=self.alias, args=[], kwargs={}, max_attempts=max_attempts, options=options, trace_id=trace_id
+        )
         dedup = getattr(task, "dedup", None)
         if dedup is not None:
-            return self._enqueue_many_deduplicated(task, dedup, items, max_attempts, options, trace_id)
+            return self._enqueue_many_deduplicated(task, dedup, items, shared)
         # The state and seq from this process's clock, taken once so every chunk agrees;
         # enqueued_at from the database's (insert_jobs) on PostgreSQL.
         now = timezone.now()
@@ -406,21 +392,7 @@ class JobsBackend(BaseTaskBackend):
 
         def write_chunk() -> None:
             inserted = engine.insert_jobs(
-                using=using,
-                rows=rows,
-                backend=self.alias,
-                task_path=task.module_path,
-                queue=task.queue_name,
-                priority=task.priority,
-                max_attempts=max_attempts,
-                options=options,
-                run_after=task.run_after,
-                lifo=lifo,
-                now=now,
-                database_clock=True,
-                position=len(results),
-                trace_id=trace_id,
-                partition=getattr(task, "partition", None),
+                shared, using=using, rows=rows, now=now, database_clock=True, position=len(results)
             )
             if not enqueued_at:
                 enqueued_at.append(inserted.enqueued_at)
@@ -467,15 +439,10 @@ class JobsBackend(BaseTaskBackend):
         return results
 
     def _enqueue_many_deduplicated(
-        self,
-        task: Task,
-        dedup: Dedup,
-        items: Iterable[Any],
-        max_attempts: int,
-        options: dict[str, Any],
-        trace_id: str,
+        self, task: Task, dedup: Dedup, items: Iterable[Any], shared: NewJob
     ) -> list[JobResult]:
-        """:meth:`enqueue_many` with ``dedup``: one dedup enqueue per item, in one atomic block."""
+        """:meth:`enqueue_many` with ``dedup``: one dedup enqueue per item (``shared`` with the
+        item's arguments), in one atomic block."""
         from . import engine  # on first use: see the module's docstring (E001)
 
         using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
@@ -488,9 +455,9 @@ class JobsBackend(BaseTaskBackend):
                     stored_args, stored_kwargs = check_payload(args, kwargs, cap=cap)
                 except InvalidTaskArguments as exc:
                     raise type(exc)(f"enqueue_many item {index}: {exc}") from None
-                fields = self._insert_fields(task, stored_args, stored_kwargs, max_attempts, options, trace_id)
+                job = replace(shared, args=stored_args, kwargs=stored_kwargs)
                 try:
-                    result, woke = self._enqueue_deduplicated(task, dedup, fields, notify_workers=False)
+                    result, woke = self._enqueue_deduplicated(task, dedup, job, notify_workers=False)
                 except InvalidTaskOptions as exc:
                     raise InvalidTaskOptions(f"enqueue_many item {index}: {exc}") from None
                 results.append(result)

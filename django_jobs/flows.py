@@ -39,6 +39,7 @@ from . import engine
 from .backend import JobsBackend
 from .exceptions import InvalidFlow, JobsError
 from .models import Job
+from .spec.newjob import NewJob
 from .spec.options import job_fields
 from .spec.payload import check_payload
 from .spec.tracing import trace_id_for_new_job, validate_trace_id
@@ -201,21 +202,18 @@ def _walk(
     jobs.append(
         engine.FlowJob(
             id=job_id,
-            backend=backend.alias,
-            queue=task.queue_name,
-            task_path=task.module_path,
-            priority=task.priority,
-            args=args,
-            kwargs=kwargs,
-            max_attempts=max_attempts,
-            options=options,
-            run_after=task.run_after,
-            lifo=bool(getattr(task, "lifo", False)),
+            job=NewJob.for_task(
+                task,
+                backend=backend.alias,
+                args=args,
+                kwargs=kwargs,
+                max_attempts=max_attempts,
+                options=options,
+                trace_id=trace_id,
+            ),
             parent_id=parent_id,
             failure_policy=node.failure_policy,
             children=len(node.children),
-            trace_id=trace_id,
-            partition=partition,
         )
     )
     tasks.append(task)

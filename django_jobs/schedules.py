@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,8 @@ from django.utils import timezone as dj_timezone
 from . import engine
 from .conf import get_settings
 from .exceptions import InvalidSchedule
-from .models import Job, Schedule
+from .models import Schedule
+from .spec.newjob import NewJob
 from .spec.options import job_fields
 from .spec.schedules import (
     _TASK_SCHEDULES,  # noqa: F401 - the registry, importable from here as before (tests reset it)
@@ -39,7 +41,6 @@ from .spec.schedules import (
 )
 from .spec.tasks import resolve_task
 from .spec.tracing import new_trace_id
-from .states import JobState
 
 __all__ = [
     "CATCH_UPS", "SPEC_KEYS", "InvalidSchedule", "declaration_fields", "declared_schedules", "first_tick", "next_runs",
@@ -65,22 +66,7 @@ def run_now(sched: Any, *, now: datetime | None = None) -> Any:
     limit, TaskNotFound when the task path does not resolve.
     """
     now = now or dj_timezone.now()
-    job = _job_for(sched, now, now)
-    return engine.insert_job(
-        using=_database(sched.backend),
-        backend=job.backend,
-        task_path=job.task_path,
-        queue=job.queue,
-        priority=job.priority,
-        args=job.args,
-        kwargs=job.kwargs,
-        max_attempts=job.max_attempts,
-        options=job.options,
-        lifo=bool(job.options.get("lifo")),
-        trace_id=job.trace_id,
-        partition=job.partition_key,
-        now=now,
-    )
+    return engine.insert_job(_job_for(sched), using=_database(sched.backend), now=now)
 
 
 def schedule(name: str, task: Any, **spec: Any) -> Any:
@@ -231,10 +217,11 @@ def _fire(sched: Any, using: str, now: datetime, grace: float, counts: dict[str,
             fire, nxt = False, None  # the limit is reached: the schedule is done
         if fire and nxt is not None and sched.limit is not None and fired + 1 >= sched.limit:
             nxt = None
-        job = _job_for(sched, tick, now) if fire else None
+        job, key = (_job_for(sched), _tick_key(sched, tick)) if fire else (None, None)
         done = engine.advance_schedule(
-            using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, next_if_refused=natural, now=now
-        )
+            using=using, schedule_id=sched.pk, due=tick, next_run_at=nxt, job=job, scheduler_key=key,
+            next_if_refused=natural, now=now,
+        )  # fmt: skip
         if done is None:
             counts["lost_race"] += 1
             break  # another worker fired it; its run carries on from here
@@ -246,8 +233,9 @@ def _fire(sched: Any, using: str, now: datetime, grace: float, counts: dict[str,
             break
 
 
-def _job_for(sched: Any, tick: datetime, now: datetime) -> Any:
-    """The unsaved Job a schedule's tick enqueues (the template, as enqueue would store it)."""
+def _job_for(sched: Any) -> NewJob:
+    """The job a schedule's tick (or :func:`run_now`) enqueues: the template, as enqueue would
+    store it, due at once."""
     task = resolve_task(sched.task_path)
     changes: dict[str, Any] = {"backend": sched.backend, **sched.options}
     if sched.queue:
@@ -256,19 +244,19 @@ def _job_for(sched: Any, tick: datetime, now: datetime) -> Any:
         changes["priority"] = sched.priority
     task = task.using(**changes)
     max_attempts, options = job_fields(task, default_max_attempts=get_settings(sched.backend).MAX_ATTEMPTS)
-    return Job(
+    job = NewJob.for_task(
+        task,
         backend=sched.backend,
-        queue=task.queue_name,
-        task_path=task.module_path,
-        priority=task.priority,
         args=list(sched.args),
         kwargs=dict(sched.kwargs),
         max_attempts=max_attempts,
         options=options,
-        state=JobState.WAITING,
-        available_at=now,
-        enqueued_at=now,
-        scheduler_key=f"{sched.pk}@{tick.astimezone(UTC).isoformat()}",
         trace_id=new_trace_id(),
-        partition_key=getattr(task, "partition", None),
     )
+    # Due at the tick: a run_after the task carries (a module-level .using()) is not waited for.
+    return job if job.run_after is None else replace(job, run_after=None)
+
+
+def _tick_key(sched: Any, tick: datetime) -> str:
+    """The ``scheduler_key`` of ``sched``'s job for ``tick``: unique, so a tick fires once."""
+    return f"{sched.pk}@{tick.astimezone(UTC).isoformat()}"

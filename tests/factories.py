@@ -60,13 +60,18 @@ def count_states(ids: Iterable[Any]) -> Counter:
     return Counter(Job.objects.filter(id__in=list(ids)).values_list("state", flat=True))
 
 
-def insert_job(**fields: Any) -> Job:
-    """``engine.insert_job`` of a one-attempt tests.tasks.noop job on queue "default", or as ``fields`` say."""
+def new_job(**fields: Any) -> engine.NewJob:
+    """A one-attempt tests.tasks.noop job on queue "default" of backend "default", or as ``fields`` say."""
     values: dict[str, Any] = {
-        "using": "default", "backend": "default", "task_path": "tests.tasks.noop", "queue": "default", "priority": 0,
-        "args": [], "kwargs": {}, "max_attempts": 1, "options": {},
+        "backend": "default", "task_path": "tests.tasks.noop", "queue": "default", "priority": 0, "args": [],
+        "kwargs": {}, "max_attempts": 1, "options": {},
     }  # fmt: skip
-    return engine.insert_job(**{**values, **fields})
+    return engine.NewJob(**{**values, **fields})
+
+
+def insert_job(*, using: str = "default", now: datetime | None = None, **fields: Any) -> Job:
+    """``engine.insert_job`` of :func:`new_job` (``fields``), at ``now``."""
+    return engine.insert_job(new_job(**fields), using=using, now=now)
 
 
 def claim(

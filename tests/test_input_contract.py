@@ -41,6 +41,7 @@ from django_jobs.models import Job
 from django_jobs.schedules import InvalidSchedule, schedule
 from django_jobs.testing import drain_queue, perform_job
 from tests import tasks
+from tests.factories import new_job
 
 db = pytest.mark.django_db
 
@@ -224,17 +225,11 @@ def test_enqueue_returns_the_stored_enqueued_at():
 @db
 def test_engine_inserts_keep_the_time_given_as_now():
     now = datetime(2024, 5, 6, 7, 8, 9, 123_456, tzinfo=UTC)
-    fields = {
-        "using": "default", "backend": "default", "task_path": "tests.tasks.noop", "queue": "default",
-        "priority": 0, "args": [], "kwargs": {}, "max_attempts": 1, "options": {}, "now": now,
-    }  # fmt: skip
-    job = engine.insert_job(**fields)
-    once, _ = engine.insert_job_once(**fields, idempotency_key="now-key")
-    deduplicated = engine.enqueue_deduplicated(**fields, key="now-dedup").job
-    inserted = engine.insert_jobs(
-        using="default", rows=[("[]", "{}")], backend="default", task_path="tests.tasks.noop", queue="default",
-        priority=0, max_attempts=1, options={}, now=now,
-    )  # fmt: skip
+    new = new_job()
+    job = engine.insert_job(new, using="default", now=now)
+    once, _ = engine.insert_job_once(new, using="default", idempotency_key="now-key", now=now)
+    deduplicated = engine.enqueue_deduplicated(new, using="default", key="now-dedup", now=now).job
+    inserted = engine.insert_jobs(new, using="default", rows=[("[]", "{}")], now=now)
     for one in (job, once, deduplicated):
         assert one.enqueued_at == now
     assert inserted.enqueued_at == now

@@ -258,6 +258,19 @@ class Driver:
                 params += [queue, self.uuid(job_id), kind, json.dumps(data, default=str), self.dt(created)]
             cursor.execute(f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {rows}", params)
 
+    # -- queue names ----------------------------------------------------------------------------------
+
+    def distinct_queues(self, cursor: Any, table: str) -> list[str]:
+        """The distinct ``queue`` values of ``table`` (events, metrics), in order, by a loose
+        index scan: one probe of an index leading with ``queue`` per queue, not a read of every
+        row (these tables hold one row per event, or per queue and minute)."""
+        cursor.execute(
+            f"WITH RECURSIVE q(queue) AS (SELECT MIN(queue) FROM {table} UNION ALL "
+            f"SELECT (SELECT MIN(t.queue) FROM {table} t WHERE t.queue > q.queue) FROM q WHERE q.queue IS NOT NULL) "
+            f"SELECT queue FROM q WHERE queue IS NOT NULL"
+        )
+        return [row[0] for row in cursor.fetchall()]
+
     # -- metrics (django_jobs_metric) ---------------------------------------------------------------
 
     def add_metrics(self, cursor: Any, minute: datetime, counts: dict[str, list[int]]) -> None:

@@ -24,6 +24,8 @@ write ``engine.claim_jobs(...)``. Inside the package, modules import downward on
 """
 
 from ..drivers.base import UNFINISHED_SQL
+from ..models import known_queues  # its name here before the models' became the one definition
+from ..spec.newjob import NewJob
 from .claim import claim_gated_jobs, claim_jobs, gated_queues
 from .common import (
     CANCEL_PREFIX,
@@ -34,7 +36,7 @@ from .common import (
     QUEUE_TABLE,
     START_TABLE,
     ClaimedJob,
-    NewJob,
+    NewRow,
     Outcome,
     events_channel,
     events_enabled,
@@ -76,7 +78,7 @@ from .outcomes import record_outcomes, release_jobs, renew_leases
 from .partitions import unblock_partitions
 from .queues import (
     is_queue_paused,
-    known_queues,
+    metric_queues,
     queue_counts,
     set_queue_paused,
     sync_queue_declarations,
@@ -108,6 +110,7 @@ __all__ = [
     "JOB_TABLE",
     "METRIC_TABLE",
     "NewJob",
+    "NewRow",
     "Outcome",
     "QUEUE_TABLE",
     "RescuedJob",
@@ -140,6 +143,7 @@ __all__ = [
     "resign_leadership",
     "take_leadership",
     "make_due",
+    "metric_queues",
     "notify",
     "promote_dedup_stashes",
     "promote_due_jobs",

@@ -1,4 +1,5 @@
-"""What every engine module shares: table names, the claimed-job and outcome values, NewJob,
+"""What every engine module shares: table names, the claimed-job and outcome values, a new
+job's row (``NewRow``; the job asked for, ``NewJob``, is :mod:`django_jobs.spec.newjob`'s),
 reading a job back, and the settings the hot paths consult."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..conf import get_settings
 from ..drivers import Driver
 from ..drivers.base import CHUNK
 from ..models import Event, Job, JobStart, Metric, QueueState
+from ..spec.newjob import NewJob  # noqa: F401 - its import path before it moved to the spec layer
 
 logger = logging.getLogger("django_jobs.engine")
 
@@ -123,10 +125,11 @@ def ready_seq(available_at: datetime, lifo: bool = False) -> int:
 
 
 @dataclass(slots=True)
-class NewJob:
+class NewRow:
     """A new job's row as its INSERT writes it: the columns set at enqueue (the others start at
-    the table's defaults: no attempt, no error, no lease, no parent). The plain enqueue's value
-    object, lighter than a model instance; :func:`_as_job` makes the unsaved ``Job`` of it."""
+    the table's defaults: no attempt, no error, no lease, no parent), made from the
+    :class:`~django_jobs.spec.newjob.NewJob` asked for by :func:`~.insert._new_row`. Lighter
+    than a model instance; :func:`~.insert._as_job` makes the unsaved ``Job`` of it."""
 
     id: uuid.UUID
     backend: str
@@ -149,8 +152,8 @@ class NewJob:
     blocked: bool
 
 
-def _mark_saved(job: Job | NewJob, using: str) -> None:
-    if isinstance(job, Job):  # a NewJob is no model instance: nothing to mark
+def _mark_saved(job: Job | NewRow, using: str) -> None:
+    if isinstance(job, Job):  # a NewRow is no model instance: nothing to mark
         job._state.adding = False
         job._state.db = using
 

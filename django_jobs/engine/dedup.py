@@ -15,6 +15,7 @@ from ..drivers import Driver, driver
 from ..exceptions import InvalidTaskOptions, JobsError, QueueFull
 from ..models import Job
 from ..models.dedup import JobDedup, JobDedupNext
+from ..spec.newjob import NewJob
 from ..states import FINISHED_STATES, JobState
 from .common import JOB_TABLE, _backend_scope, _job_state, _mark_saved, _read_job, logger
 from .effects import _enqueued_event, notify
@@ -49,29 +50,18 @@ class DedupOutcome(NamedTuple):
 
 
 def enqueue_deduplicated(
+    job: NewJob,
     *,
     using: str,
-    backend: str,
-    queue: str,
     key: str,
     ttl: float | None = None,
     extend: bool = False,
     replace: bool = False,
     keep_last_if_active: bool = False,
-    task_path: str,
-    priority: int,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    max_attempts: int,
-    options: dict[str, Any],
-    run_after: datetime | None = None,
-    lifo: bool = False,
-    trace_id: str | None = None,
-    partition: str | None = None,
     notify_workers: bool = True,
     now: datetime | None = None,
 ) -> DedupOutcome:
-    """Insert a job unless ``key`` (unique per backend and queue) is held; in the caller's
+    """Insert ``job`` unless ``key`` (unique per backend and queue) is held; in the caller's
     transaction, inside a savepoint.
 
     The key is taken with ``INSERT ... ON CONFLICT DO NOTHING`` on the unique constraint, never
@@ -97,23 +87,7 @@ def enqueue_deduplicated(
     d = driver(using)
     conn = connections[using]
     for _ in range(_DEDUP_TRIES):
-        job = _new_job(
-            backend=backend,
-            task_path=task_path,
-            queue=queue,
-            priority=priority,
-            args=args,
-            kwargs=kwargs,
-            max_attempts=max_attempts,
-            options=options,
-            run_after=run_after,
-            lifo=lifo,
-            now=now,
-            trace_id=trace_id,
-            dedup_key=key,
-            partition=partition,
-            database_clock=d.DATABASE_CLOCK,
-        )
+        row = _new_job(job, now=now, dedup_key=key, database_clock=d.DATABASE_CLOCK)
         outermost = not conn.in_atomic_block
         try:
             with transaction.atomic(using=using), conn.cursor() as cursor:
@@ -121,7 +95,7 @@ def enqueue_deduplicated(
                     cursor,
                     d,
                     using,
-                    job,
+                    row,
                     ttl=ttl,
                     extend=extend,
                     replace=replace,
@@ -142,12 +116,12 @@ def enqueue_deduplicated(
             break
     else:
         raise JobsError(
-            f"Could not enqueue with dedup key {key!r} (queue {queue!r}) after {_DEDUP_TRIES} tries: the key was "
+            f"Could not enqueue with dedup key {key!r} (queue {job.queue!r}) after {_DEDUP_TRIES} tries: the key was "
             "released every time before it could be read (are its jobs deleted as fast as they are enqueued?). "
             "Enqueue again."
         )
     if notify_workers and outcome.job.state == JobState.WAITING and "replaced" in outcome.changes:
-        notify(using, [queue])  # a new job's NOTIFY rode on its INSERT
+        notify(using, [job.queue])  # a new job's NOTIFY rode on its INSERT
     return outcome
 
 
@@ -294,25 +268,8 @@ def _stash(cursor: Any, d: Driver, job: Job, *, ttl: float | None) -> None:
     )
 
 
-def insert_job_once(
-    *,
-    using: str,
-    idempotency_key: str,
-    backend: str,
-    task_path: str,
-    queue: str,
-    priority: int,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    max_attempts: int,
-    options: dict[str, Any],
-    run_after: datetime | None = None,
-    lifo: bool = False,
-    trace_id: str | None = None,
-    partition: str | None = None,
-    now: datetime | None = None,
-) -> tuple[Job, bool]:
-    """Insert a job unless ``queue`` (of ``backend``) has one with ``idempotency_key``; return
+def insert_job_once(job: NewJob, *, using: str, idempotency_key: str, now: datetime | None = None) -> tuple[Job, bool]:
+    """Insert ``job`` unless its queue (of its backend) has one with ``idempotency_key``; return
     ``(job, inserted)``: the new job, or the existing one and False.
 
     One ``INSERT ... ON CONFLICT DO NOTHING`` on the partial unique index, then, on a conflict,
@@ -321,31 +278,16 @@ def insert_job_once(
     """
     d = driver(using)
     conn = connections[using]
+    backend, queue = job.backend, job.queue
     for _ in range(_DEDUP_TRIES):
-        job = _new_job(
-            backend=backend,
-            task_path=task_path,
-            queue=queue,
-            priority=priority,
-            args=args,
-            kwargs=kwargs,
-            max_attempts=max_attempts,
-            options=options,
-            run_after=run_after,
-            lifo=lifo,
-            now=now,
-            trace_id=trace_id,
-            idempotency_key=idempotency_key,
-            partition=partition,
-            database_clock=d.DATABASE_CLOCK,
-        )
+        row = _new_job(job, now=now, idempotency_key=idempotency_key, database_clock=d.DATABASE_CLOCK)
         # In autocommit the NOTIFY rides on the INSERT; in a transaction notify() sends it once per
         # queue, and only for a job that was inserted.
-        wake = job.state == JobState.WAITING and d.LISTEN_NOTIFY and not conn.in_atomic_block
+        wake = row.state == JobState.WAITING and d.LISTEN_NOTIFY and not conn.in_atomic_block
         with d.effects_atomic(), conn.cursor() as cursor:
-            inserted = _insert_job(cursor, d, job, wake=wake, once=True, guarded=True)
+            inserted = _insert_job(cursor, d, row, wake=wake, once=True, guarded=True)
             if inserted:
-                _enqueued_event(cursor, d, job)
+                _enqueued_event(cursor, d, row)
         where = "backend = %s AND queue = %s AND idempotency_key = %s"
         if not inserted and _queue_size_limited(using, queue):
             # The guard refused it: a limited queue admits under its lock (a duplicate first).
@@ -355,10 +297,10 @@ def insert_job_once(
                 return found, False
             try:
                 with transaction.atomic(using=using), conn.cursor() as cursor:
-                    _admit(cursor, d, queue, {job.partition_key: 1})
-                    inserted = _insert_job(cursor, d, job, wake=wake, once=True)
+                    _admit(cursor, d, queue, {row.partition_key: 1})
+                    inserted = _insert_job(cursor, d, row, wake=wake, once=True)
                     if inserted:
-                        _enqueued_event(cursor, d, job)
+                        _enqueued_event(cursor, d, row)
             except QueueFull:
                 # The key's first job may have committed while we waited for the lock: a
                 # duplicate returns it, full or not.
@@ -368,13 +310,13 @@ def insert_job_once(
                     return found, False
                 raise
         if inserted:
-            _mark_saved(job, using)
-            if job.partition_key is not None:
+            _mark_saved(row, using)
+            if row.partition_key is not None:
                 with conn.cursor() as cursor:
-                    _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
-            if job.state == JobState.WAITING and not wake:
+                    _unblock_heads(cursor, d, {(row.queue, row.partition_key)})
+            if row.state == JobState.WAITING and not wake:
                 notify(using, [queue])
-            return job, True
+            return row, True
         with conn.cursor() as cursor:
             found = _read_job(cursor, d, using, where, [backend, queue, idempotency_key])
         if found is not None:
@@ -442,23 +384,21 @@ def _promote_stash(
     p = d.to_json(stash[1])
     # The stashed enqueue's time: in its payload, or (stamped by the database clock) stashed_at.
     enqueued_at = datetime.fromisoformat(p["enqueued_at"]) if p.get("enqueued_at") else d.to_dt(stash[2])
-    job = _new_job(
-        backend=backend,
-        task_path=p["task_path"],
-        queue=queue,
-        priority=p["priority"],
-        args=p["args"],
-        kwargs=p["kwargs"],
-        max_attempts=p["max_attempts"],
-        options=p["options"],
+    stashed = NewJob(
+        backend,
+        p["task_path"],
+        queue,
+        p["priority"],
+        p["args"],
+        p["kwargs"],
+        p["max_attempts"],
+        p["options"],
         run_after=datetime.fromisoformat(p["run_after"]) if p.get("run_after") else None,
         lifo=bool(p.get("lifo")),
-        now=now,
         trace_id=p.get("trace_id"),
-        dedup_key=key,
-        enqueued_at=enqueued_at,
         partition=p.get("partition"),
     )
+    job = _new_job(stashed, now=now, dedup_key=key, enqueued_at=enqueued_at)
     expire_sql, expire_params = _dedup_expiry(d, p.get("ttl"), now)
     if held is not None:
         with d.deferred_foreign_keys(cursor):

@@ -18,7 +18,7 @@ from ..states import JobState
 from .common import (
     CANCEL_PREFIX,
     JOB_TABLE,
-    NewJob,
+    NewRow,
     Outcome,
     events_channel,
     events_enabled,
@@ -97,11 +97,11 @@ def _job_events(
             write_events(cursor, driver(using), rows, now)
 
 
-def _enqueued_data(job: Job | NewJob) -> dict[str, Any]:
+def _enqueued_data(job: Job | NewRow) -> dict[str, Any]:
     return {"task": job.task_path, "state": job.state}
 
 
-def _enqueued_event(cursor: Any, d: Driver, job: Job | NewJob) -> None:
+def _enqueued_event(cursor: Any, d: Driver, job: Job | NewRow) -> None:
     """The ``enqueued`` event of a job just inserted, where the INSERT did not write it."""
     if not d.FUSED_EFFECTS:
         write_events(cursor, d, [(job.queue, job.id, "enqueued", _enqueued_data(job))])

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from ..drivers import driver
 from ..models import DependencyStatus, Job, JobDependency
+from ..spec.newjob import NewJob
 from ..states import JobState
 from .common import JOB_TABLE, _cancelled_error, ready_seq
 from .effects import _enqueued_data, _finished_elsewhere, _job_events, _notify_cancel, notify, write_events
@@ -29,23 +30,13 @@ class FlowJob:
     """One job of a flow, validated by the caller; :func:`insert_flow` stores a list of them."""
 
     id: uuid.UUID
-    backend: str
-    queue: str
-    task_path: str
-    priority: int
-    args: list[Any]
-    kwargs: dict[str, Any]
-    max_attempts: int
-    options: dict[str, Any]
-    run_after: datetime | None
-    lifo: bool
+    #: The job itself, as any enqueue asks for one.
+    job: NewJob
     #: Its parent in the flow (None for the root), and what its failure does to that parent.
     parent_id: uuid.UUID | None
     failure_policy: str
     #: How many children it waits for (0: a leaf, ready at once).
     children: int
-    trace_id: str | None = None
-    partition: str | None = None
 
 
 class FlowParentNotWaiting(Exception):  # noqa: N818 - translated to InvalidFlow by the caller
@@ -93,22 +84,7 @@ def insert_flow(
             jobs[0].parent_id = attach_to
         rows = []
         for fj in jobs:
-            job = _new_job(
-                backend=fj.backend,
-                task_path=fj.task_path,
-                queue=fj.queue,
-                priority=fj.priority,
-                args=fj.args,
-                kwargs=fj.kwargs,
-                max_attempts=fj.max_attempts,
-                options=fj.options,
-                run_after=fj.run_after,
-                lifo=fj.lifo,
-                now=now,
-                trace_id=fj.trace_id,
-                partition=fj.partition,
-                enqueued_at=enqueued_at,
-            )
+            job = _new_job(fj.job, now=now, enqueued_at=enqueued_at)
             job.id, job.parent_id, job.pending_children = fj.id, fj.parent_id, fj.children
             if fj.children:  # a parent waits for its children, even with a run_after ahead
                 job.state = JobState.WAITING_CHILDREN
@@ -125,7 +101,7 @@ def insert_flow(
             _unblock_heads(cursor, driver(using), {(j.queue, j.partition_key) for j in rows if j.partition_key})
         edges = [
             JobDependency(
-                parent_id=fj.parent_id, child_id=fj.id, child_queue=fj.queue, failure_policy=fj.failure_policy
+                parent_id=fj.parent_id, child_id=fj.id, child_queue=fj.job.queue, failure_policy=fj.failure_policy
             )
             for fj in jobs
             if fj.parent_id is not None

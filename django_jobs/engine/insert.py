@@ -17,12 +17,13 @@ from ..conf import get_settings
 from ..drivers import Driver, driver
 from ..drivers.inserts import MANY_ROW_PARAMS, MANY_SHARED_PARAMS
 from ..models import Job
+from ..spec.newjob import NewJob
 from ..spec.tracing import trace_id_for_new_job
 from ..states import JobState
 from ..uuid7 import uuid7, uuid7_many
 from .common import (
     INSERT_CHUNK,
-    NewJob,
+    NewRow,
     _mark_saved,
     events_channel,
     events_enabled,
@@ -36,105 +37,64 @@ from .effects import (
 from .partitions import _admit, _unblock_heads
 
 
-def insert_job(*, using: str, **fields: Any) -> Job:
-    """Insert one job in the caller's transaction, as :func:`insert_new_job` (same arguments),
+def insert_job(job: NewJob, *, using: str, now: datetime | None = None) -> Job:
+    """Insert ``job`` in the caller's transaction, as :func:`insert_new_job` (same arguments),
     and return it as a saved ``Job``."""
-    job = _as_job(insert_new_job(using=using, **fields))
-    _mark_saved(job, using)
-    return job
+    saved = _as_job(insert_new_job(job, using=using, now=now))
+    _mark_saved(saved, using)
+    return saved
 
 
-def insert_new_job(
-    *,
-    using: str,
-    backend: str,
-    task_path: str,
-    queue: str,
-    priority: int,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    max_attempts: int,
-    options: dict[str, Any],
-    run_after: datetime | None = None,
-    lifo: bool = False,
-    trace_id: str | None = None,
-    partition: str | None = None,
-    now: datetime | None = None,
-) -> NewJob:
-    """Insert one job in the caller's transaction (waiting, or delayed until ``run_after``);
-    return the row written as a :class:`NewJob` (``JobsBackend.enqueue`` reads a few of its
+def insert_new_job(job: NewJob, *, using: str, now: datetime | None = None) -> NewRow:
+    """Insert ``job`` in the caller's transaction (waiting, or delayed until its ``run_after``);
+    return the row written as a :class:`NewRow` (``JobsBackend.enqueue`` reads a few of its
     values; building a ``Job`` cost more than that: :func:`insert_job` returns one).
 
-    ``lifo``: the job is claimed before the FIFO jobs of its priority, newest first
-    (see :func:`ready_seq`). ``trace_id``: the job's pipeline; ``None``: the running job's, or a
-    new one (:func:`django_jobs.tracing.trace_id_for_new_job`). ``partition``: the job runs
-    after the earlier jobs of its (queue, partition) finished. Raises QueueFull when the queue
-    (or partition) has a size limit the job would pass; nothing is inserted then.
+    ``job.lifo``: the job is claimed before the FIFO jobs of its priority, newest first (see
+    :func:`ready_seq`). ``job.trace_id`` ``None``: the running job's, or a new one
+    (:func:`django_jobs.tracing.trace_id_for_new_job`). ``job.partition``: the job runs after the
+    earlier jobs of its (queue, partition) finished. Raises QueueFull when the queue (or
+    partition) has a size limit the job would pass; nothing is inserted then.
 
     ``enqueued_at`` is ``now`` when given, else the database clock on PostgreSQL (the clock of
     ``started_at`` and ``finished_at``), read back by the INSERT itself; this process's on SQLite.
     """
     d = driver(using)
-    job = _new_row(
-        backend=backend,
-        task_path=task_path,
-        queue=queue,
-        priority=priority,
-        args=args,
-        kwargs=kwargs,
-        max_attempts=max_attempts,
-        options=options,
-        run_after=run_after,
-        lifo=lifo,
-        trace_id=trace_id,
-        partition=partition,
-        now=now,
-        database_clock=d.DATABASE_CLOCK,
-    )
+    row = _new_row(job, now=now, database_clock=d.DATABASE_CLOCK)
     conn = d.connection
-    wake = job.state == JobState.WAITING and d.LISTEN_NOTIFY and _first_notify_in_transaction(conn, job.queue)
+    wake = row.state == JobState.WAITING and d.LISTEN_NOTIFY and _first_notify_in_transaction(conn, row.queue)
     with d.effects_atomic(), d.cursor(hot=True) as cursor:
         # The common case in one statement: the INSERT carries its own "the queue has no size
         # limit" guard (a primary-key probe), so an unlimited queue pays no extra round trip.
-        if _insert_job(cursor, d, job, wake=wake, guarded=True):
-            _enqueued_event(cursor, d, job)
-            if job.partition_key is not None:
-                _unblock_heads(cursor, d, {(job.queue, job.partition_key)})
-            return job
+        if _insert_job(cursor, d, row, wake=wake, guarded=True):
+            _enqueued_event(cursor, d, row)
+            if row.partition_key is not None:
+                _unblock_heads(cursor, d, {(row.queue, row.partition_key)})
+            return row
         if wake and conn.in_atomic_block and not conn.savepoint_ids:
-            _sent_in_transaction(conn).discard(job.queue)  # that NOTIFY went with no row
+            _sent_in_transaction(conn).discard(row.queue)  # that NOTIFY went with no row
         with transaction.atomic(using=using):
-            _insert_new(cursor, d, using, job, wake=True)
-    return job
+            _insert_new(cursor, d, using, row, wake=True)
+    return row
 
 
-def _new_job(**fields: Any) -> Job:
-    """The unsaved ``Job`` of a new job: :func:`_new_row`'s arguments, its row."""
-    return _as_job(_new_row(**fields))
+def _new_job(job: NewJob, **row: Any) -> Job:
+    """The unsaved ``Job`` of ``job``: :func:`_new_row`'s arguments, its row."""
+    return _as_job(_new_row(job, **row))
 
 
 def _new_row(
+    job: NewJob,
     *,
-    backend: str,
-    task_path: str,
-    queue: str,
-    priority: int,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    max_attempts: int,
-    options: dict[str, Any],
-    run_after: datetime | None,
-    lifo: bool,
     now: datetime | None,
-    trace_id: str | None = None,
     dedup_key: str | None = None,
     idempotency_key: str | None = None,
     enqueued_at: datetime | None = None,
-    partition: str | None = None,
     database_clock: bool = False,
-) -> NewJob:
-    """The row of a new job: waiting, or delayed until ``run_after`` when that is after
-    ``now``; ``enqueued_at`` defaults to ``now``.
+) -> NewRow:
+    """The row of ``job``: waiting, or delayed until its ``run_after`` when that is after
+    ``now``; ``enqueued_at`` defaults to ``now``. The one place a :class:`NewJob`'s fields
+    become columns: a new job option is a line here and one in the INSERT.
 
     ``database_clock`` (PostgreSQL): when neither ``enqueued_at`` nor ``now`` is given, leave
     ``enqueued_at`` None for the INSERT to stamp with the database's ``now()`` and read back
@@ -146,23 +106,25 @@ def _new_row(
     """
     given = enqueued_at or now
     now = now or timezone.now()
+    run_after = job.run_after
     delayed = run_after is not None and run_after > now
     available_at = run_after if delayed else now
-    return NewJob(
+    partition = job.partition
+    return NewRow(
         id=uuid7(),
-        backend=backend,
-        queue=queue,
-        task_path=task_path,
-        args=args,
-        kwargs=kwargs,
+        backend=job.backend,
+        queue=job.queue,
+        task_path=job.task_path,
+        args=job.args,
+        kwargs=job.kwargs,
         state=JobState.DELAYED if delayed else JobState.WAITING,
-        priority=priority,
+        priority=job.priority,
         available_at=available_at,
-        options=options,
-        max_attempts=max_attempts,
+        options=job.options,
+        max_attempts=job.max_attempts,
         enqueued_at=given if given is not None or database_clock else now,
-        seq=ready_seq(available_at, lifo),
-        trace_id=trace_id_for_new_job(trace_id),
+        seq=ready_seq(available_at, job.lifo),
+        trace_id=trace_id_for_new_job(job.trace_id),
         dedup_key=dedup_key,
         idempotency_key=idempotency_key,
         partition_key=partition,
@@ -171,7 +133,7 @@ def _new_row(
     )
 
 
-def _as_job(row: NewJob) -> Job:
+def _as_job(row: NewRow) -> Job:
     """The unsaved ``Job`` of ``row``; its other fields get their defaults."""
     # Positional, in field order: Django's fast path of Model.__init__, which skips matching
     # keywords to fields and a get_default() call per field (most of the cost of Job(**row)).
@@ -186,10 +148,10 @@ def _as_job(row: NewJob) -> Job:
 @functools.cache
 def _job_fields() -> tuple[tuple[str, bool, Any, bool], ...]:
     """Job's concrete fields in the order ``Job(*values)`` takes them: each one's attname,
-    whether a :class:`NewJob` has it, its default, and whether that is a function to call for
+    whether a :class:`NewRow` has it, its default, and whether that is a function to call for
     every job, as Django calls it (a callable default such as ``list``, so no two jobs share a
     list). A constant default (None, 0, a string, a bool) is read once."""
-    in_row = set(NewJob.__slots__)
+    in_row = set(NewRow.__slots__)
     found = []
     for f in Job._meta.concrete_fields:
         value = f.get_default()
@@ -208,7 +170,7 @@ def _json(value: Any) -> str:
     return json.dumps(value)
 
 
-def _insert_params(d: Driver, job: Job | NewJob) -> list[Any]:
+def _insert_params(d: Driver, job: Job | NewRow) -> list[Any]:
     """The parameters of :func:`~django_jobs.drivers.inserts.insert_sql` for ``job``, in its column order."""
     return [
         d.uuid(job.id),
@@ -232,7 +194,7 @@ def _insert_params(d: Driver, job: Job | NewJob) -> list[Any]:
     ]
 
 
-def _set_enqueued_at(d: Driver, job: Job | NewJob, value: Any) -> None:
+def _set_enqueued_at(d: Driver, job: Job | NewRow, value: Any) -> None:
     """``job.enqueued_at`` as its INSERT stored it (PostgreSQL: possibly the database clock)."""
     job.enqueued_at = d.to_dt(value)
 
@@ -254,30 +216,23 @@ def _rows_per_statement(conn: Any) -> int:
 
 
 def insert_jobs(
+    job: NewJob,
     *,
     using: str,
     rows: list[tuple[str, str]],
-    backend: str,
-    task_path: str,
-    queue: str,
-    priority: int,
-    max_attempts: int,
-    options: dict[str, Any],
-    run_after: datetime | None = None,
-    lifo: bool = False,
     now: datetime | None = None,
     position: int = 0,
-    trace_id: str | None = None,
-    partition: str | None = None,
     database_clock: bool = False,
 ) -> InsertedJobs:
     """Insert jobs of one task in the caller's transaction, one multi-row INSERT per
     :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows`` and the
     ``enqueued_at`` they all got.
 
-    ``rows``: ``(args JSON, kwargs JSON)`` per job, already validated by the caller. Every job
-    gets the state :func:`insert_job` would give it (delayed until ``run_after`` when that is
-    after ``now``, else waiting), the same ``enqueued_at`` and the same ``options``.
+    ``job``: what every job shares (backend, task, queue, priority, options, run_after, lifo,
+    trace id, partition); its ``args`` and ``kwargs`` are not read. ``rows``: ``(args JSON,
+    kwargs JSON)`` per job, already validated by the caller. Every job gets the state
+    :func:`insert_job` would give it (delayed until ``run_after`` when that is after ``now``,
+    else waiting), the same ``enqueued_at`` and the same ``options``.
     ``now``: None is this process's clock for the state and ``seq``, and for ``enqueued_at``
     the database clock on PostgreSQL (as :func:`insert_job`), read back by the INSERT.
     ``database_clock``: ``enqueued_at`` from the database clock on PostgreSQL even though
@@ -285,10 +240,10 @@ def insert_jobs(
     ``position``: where ``rows[0]`` stands in the caller's whole batch. FIFO jobs of one batch
     share a seq and keep their order by id; LIFO jobs get ``seq - position`` so the last one
     given runs first, as if each were enqueued a microsecond after the one before it.
-    ``trace_id``: shared by every job (``None``: the running job's, or a new one).
-    ``partition``: shared by every job. Raises QueueFull (call inside a savepoint: nothing of
-    the batch may stay) when the queue or partition has a size limit that ``position`` +
-    ``len(rows)`` jobs would pass.
+    ``job.trace_id`` (``None``: the running job's, or a new one) and ``job.partition`` are
+    shared by every job. Raises QueueFull (call inside a savepoint: nothing of the batch may
+    stay) when the queue or partition has a size limit that ``position`` + ``len(rows)`` jobs
+    would pass.
 
     Sends no NOTIFY: the caller wakes workers once per batch with :func:`notify`.
     """
@@ -299,23 +254,24 @@ def insert_jobs(
     # None: the database clock, stamped by the INSERT.
     enqueued_at = None if d.DATABASE_CLOCK and (now is None or database_clock) else now or timezone.now()
     now = now or enqueued_at or timezone.now()
+    run_after, queue, partition = job.run_after, job.queue, job.partition
     delayed = run_after is not None and run_after > now
     available_at = run_after if delayed else now
     state = JobState.DELAYED if delayed else JobState.WAITING
-    seq = ready_seq(available_at, lifo)
-    step = -1 if lifo else 0
+    seq = ready_seq(available_at, job.lifo)
+    step = -1 if job.lifo else 0
     # In the order of the shared %s of drivers.inserts.insert_many_sql's SELECT.
     shared = [
-        backend,
+        job.backend,
         queue,
-        task_path,
+        job.task_path,
         state,
-        priority,
+        job.priority,
         d.dt(available_at),
-        json.dumps(options),
-        max_attempts,
+        json.dumps(job.options),
+        job.max_attempts,
         d.dt(enqueued_at),
-        trace_id_for_new_job(trace_id),
+        trace_id_for_new_job(job.trace_id),
         partition,
         partition is not None,  # blocked: _unblock_heads frees the partition's next one below
     ]
@@ -323,7 +279,7 @@ def insert_jobs(
     ids = uuid7_many(len(rows))
     per_statement = _rows_per_statement(conn)
     events = events_enabled()
-    event_data = json.dumps({"task": task_path, "state": state})
+    event_data = json.dumps({"task": job.task_path, "state": state})
     with d.cursor(hot=True) as cursor:
         _admit(cursor, d, queue, {partition: len(rows)}, batch_before=position)
         fused = events and d.FUSED_EFFECTS
@@ -366,7 +322,7 @@ def _chunks(rows: list[tuple[str, str]], most: int, most_chars: int | None) -> I
         start = stop
 
 
-def _insert_new(cursor: Any, d: Driver, using: str, job: Job | NewJob, *, wake: bool = False) -> None:
+def _insert_new(cursor: Any, d: Driver, using: str, job: Job | NewRow, *, wake: bool = False) -> None:
     """Insert ``job`` after :func:`_admit` let it in (call inside a transaction); with ``wake``,
     its NOTIFY rides on the INSERT as in :func:`insert_job`."""
     wake = (
@@ -384,7 +340,7 @@ def _insert_new(cursor: Any, d: Driver, using: str, job: Job | NewJob, *, wake: 
 
 
 def _insert_job(
-    cursor: Any, d: Driver, job: Job | NewJob, *, wake: bool, once: bool = False, guarded: bool = False
+    cursor: Any, d: Driver, job: Job | NewRow, *, wake: bool, once: bool = False, guarded: bool = False
 ) -> bool:
     """Run the INSERT of ``job`` (:meth:`Driver.insert_job`; with ``wake``, the NOTIFY rides on
     it); True when a row was inserted, and then ``job.enqueued_at`` is the time stored."""

@@ -30,7 +30,6 @@ from .dedup import DEDUP_TABLE
 from .effects import _finished_elsewhere, _job_events, notify, write_events
 from .flows import settle_dependencies
 from .partitions import _partitions_of, _unblock_partitions
-from .queues import _distinct_queues
 
 
 def delete_jobs(*, using: str, job_ids: list[uuid.UUID], now: datetime | None = None) -> int:
@@ -156,7 +155,9 @@ def trim_events(*, using: str, keep: int, limit: int) -> int:
     many."""
     d = driver(using)
     total = 0
-    for queue in _distinct_queues(using, EVENT_TABLE):
+    with connections[using].cursor() as cursor:
+        queues = d.distinct_queues(cursor, EVENT_TABLE)
+    for queue in queues:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(
                 f"SELECT txid, id FROM {EVENT_TABLE} WHERE queue = %s ORDER BY txid DESC, id DESC LIMIT 1 OFFSET %s",

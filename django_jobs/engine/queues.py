@@ -1,4 +1,4 @@
-"""Queue state: pause flags, limits and declarations, counts, and the queues known to a database."""
+"""Queue state: pause flags, limits and declarations, counts, and the queues with metrics."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from typing import Any
 
 from django.db import connections, models, transaction
 
+from ..drivers import driver
 from ..models import Job, JobStart, QueueState
 from ..states import UNFINISHED_STATES, JobState
-from .common import METRIC_TABLE, QUEUE_TABLE
+from .common import METRIC_TABLE
 from .effects import _job_events, notify
 from .partitions import _unblock_partitions
 
@@ -99,22 +100,9 @@ def queue_counts(*, using: str, backend: str, queue: str) -> dict[str, int]:
     return counts
 
 
-def _distinct_queues(using: str, table: str) -> list[str]:
-    """The distinct ``queue`` values of ``table`` by a loose index scan (one probe of an index
-    leading with ``queue`` per queue), not a scan of every row."""
+def metric_queues(*, using: str) -> list[str]:
+    """Every queue with Metric rows (jobs of it finished since the oldest minute kept), by a loose
+    index scan of the metric table's (queue, minute) key: the cheap way to give
+    :func:`django_jobs.models.known_queues` its ``recent`` source over all time."""
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"WITH RECURSIVE q(queue) AS (SELECT MIN(queue) FROM {table} UNION ALL "
-            f"SELECT (SELECT MIN(t.queue) FROM {table} t WHERE t.queue > q.queue) FROM q WHERE q.queue IS NOT NULL) "
-            f"SELECT queue FROM q WHERE queue IS NOT NULL"
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
-def known_queues(*, using: str) -> list[str]:
-    """Queues with a QueueState row or Metric rows (finished jobs lately): cheap to list, unlike
-    the distinct queues of the job table."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT name FROM {QUEUE_TABLE}")
-        names = {row[0] for row in cursor.fetchall()}
-    return sorted(names | set(_distinct_queues(using, METRIC_TABLE)))
+        return driver(using).distinct_queues(cursor, METRIC_TABLE)

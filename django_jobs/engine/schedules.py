@@ -12,9 +12,11 @@ from django.utils import timezone
 from ..drivers import driver
 from ..exceptions import QueueFull
 from ..models import Job, Schedule
+from ..spec.newjob import NewJob
 from ..states import JobState
-from .common import logger, ready_seq
+from .common import logger
 from .effects import _enqueued_data, notify, write_events
+from .insert import _new_job
 from .partitions import _admit, _unblock_heads
 
 # -- schedules ------------------------------------------------------------------------------
@@ -29,13 +31,14 @@ def advance_schedule(
     schedule_id: int,
     due: datetime,
     next_run_at: datetime | None,
-    job: Job | None,
+    job: NewJob | None,
+    scheduler_key: str | None = None,
     next_if_refused: datetime | None = _UNSET,
     now: datetime | None = None,
 ) -> str | None:
     """Move a schedule from its tick ``due`` to ``next_run_at`` and, with ``job``, insert that
-    tick's job, in one transaction. Returns ``"fired"``, ``"skipped"`` (no ``job``: the catch-up
-    policy skipped the tick), ``"refused"`` (the queue was full: no job, the tick does not count
+    tick's job with ``scheduler_key``, in one transaction. Returns ``"fired"``, ``"skipped"``
+    (no ``job``: the catch-up policy skipped the tick), ``"refused"`` (the queue was full: no job, the tick does not count
     and the schedule moves to ``next_if_refused`` instead, default ``next_run_at``), or None when
     another worker moved it first.
 
@@ -50,21 +53,21 @@ def advance_schedule(
             return None
         if job is None:
             return "skipped"
-        job.seq = ready_seq(job.available_at, bool(job.options.get("lifo")))
+        row = _new_job(job, now=now)
+        row.scheduler_key = scheduler_key
         try:
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
                 d = driver(using)
-                _admit(cursor, d, job.queue, {job.partition_key: 1})
-                job.blocked = job.partition_key is not None
+                _admit(cursor, d, row.queue, {row.partition_key: 1})
                 if given_now is None and d.DATABASE_CLOCK:
                     # The database's clock, as for every enqueue and the job's later times (a
                     # tick is rare: one round trip more is nothing here).
-                    job.enqueued_at = d.transaction_now(cursor)
-                Job.objects.using(using).bulk_create([job], ignore_conflicts=True)
-                if Job.objects.using(using).filter(id=job.id).exists():  # not a tick's second job
-                    write_events(cursor, driver(using), [(job.queue, job.id, "enqueued", _enqueued_data(job))], now)
-                if job.partition_key is not None:
-                    _unblock_heads(cursor, driver(using), {(job.queue, job.partition_key)})
+                    row.enqueued_at = d.transaction_now(cursor)
+                Job.objects.using(using).bulk_create([row], ignore_conflicts=True)
+                if Job.objects.using(using).filter(id=row.id).exists():  # not a tick's second job
+                    write_events(cursor, driver(using), [(row.queue, row.id, "enqueued", _enqueued_data(row))], now)
+                if row.partition_key is not None:
+                    _unblock_heads(cursor, driver(using), {(row.queue, row.partition_key)})
         except QueueFull as exc:
             # Backpressure wins over the schedule: this tick is skipped (not counted against its
             # limit), the next one tries again.
@@ -73,6 +76,6 @@ def advance_schedule(
                 rows.update(next_run_at=next_if_refused)
             return "refused"
         rows.update(iterations=F("iterations") + 1, last_run_at=now)
-    if job.state == JobState.WAITING:
-        notify(using, [job.queue])
+    if row.state == JobState.WAITING:
+        notify(using, [row.queue])
     return "fired"

@@ -7,6 +7,7 @@ from typing import Any
 from django.utils import timezone
 
 from .. import engine
+from ..models import known_queues
 from ..spec import retention
 from .base import Service
 
@@ -68,7 +69,11 @@ class Pruner(Service):
         task_limits = retention.task_count_limits()
         if not limits and not task_limits:
             return []
-        queues = engine.known_queues(using=self.using)
+        # The queues with a QueueState row or finished jobs (Metric rows, over every minute kept;
+        # cancelled jobs write none, docs/howto/retention.md), read without the job table.
+        queues = known_queues(
+            using=self.using, recent=engine.metric_queues(using=self.using), unfinished=(), declared=False
+        )
         out = []
         for scope, name, state, keep in limits:
             exclude = retention.task_policies(state)

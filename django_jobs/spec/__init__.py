@@ -5,6 +5,8 @@ Below the models in the layers (pyproject.toml, ``[tool.importlinter]``): nothin
 ``django_jobs.models``, the drivers or the engine, so the engine may use any of it, and all of it
 is importable before Django's app registry is ready. One module per declaration:
 
+* :mod:`.newjob`: ``NewJob``, one job to enqueue, as the backend, flows and schedules hand it to
+  the engine;
 * :mod:`.options`: the django-jobs task options (``@task(...)``/``.using(...)``), their
   validation and the ``(max_attempts, options)`` a job of a task stores;
 * :mod:`.payload`: the JSON checks of arguments, return values and progress;

@@ -57,21 +57,13 @@ def enqueue(
 ) -> engine.DedupOutcome:
     """One dedup enqueue through the engine, at ``now``."""
     return engine.enqueue_deduplicated(
+        factories.new_job(backend=backend, queue=queue, task_path=task_path, args=list(args), run_after=run_after),
         using="default",
-        backend=backend,
-        queue=queue,
         key=key,
         ttl=ttl,
         extend=extend,
         replace=replace,
         keep_last_if_active=keep_last,
-        task_path=task_path,
-        priority=0,
-        args=list(args),
-        kwargs={},
-        max_attempts=1,
-        options={},
-        run_after=run_after,
         now=now,
     )
 

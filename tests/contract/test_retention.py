@@ -385,6 +385,18 @@ def test_a_global_count_limit_applies_to_each_queue():
     assert set(Job.objects.filter(state="failed").values_list("id", flat=True)) == keep
 
 
+def test_count_limits_visit_queues_with_a_queue_row_or_metric_rows_of_any_age():
+    """The pruner's queues are models.known_queues() over QueueState rows and every queue with
+    Metric rows (engine.metric_queues, a loose index scan), however old those rows are."""
+    long_ago = timezone.now() - timedelta(days=30)
+    Metric.objects.create(queue="r-kq-old", minute=long_ago.replace(second=0, microsecond=0), completed=1)
+    engine.set_queue_paused(using="default", queue="r-kq-row", paused=False)
+    assert "r-kq-old" in engine.metric_queues(using="default")
+    with retention({"completed": {"count": 1}}):
+        queues = {q for q, state, *_ in pruner()._count_limits() if state == "completed"}
+    assert {"r-kq-old", "r-kq-row"} <= queues
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="documented limitation (docs/howto/retention.md): count limits only visit queues with a QueueState row "
