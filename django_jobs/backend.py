@@ -384,7 +384,7 @@ class JobsBackend(BaseTaskBackend):
         now = timezone.now()
         delayed = task.run_after is not None and task.run_after > now
         status = to_task_status(JobState.DELAYED if delayed else JobState.WAITING)
-        enqueued_at: list[Any] = []  # the first chunk's (the same for every chunk: one transaction)
+        first: list[Any] = []  # the first chunk's InsertedJobs: its enqueued_at is every chunk's
         results: list[JobResult] = []
         # JSON of the current chunk only; dropped once it is written.
         rows: list[tuple[str, str]] = []
@@ -392,17 +392,18 @@ class JobsBackend(BaseTaskBackend):
 
         def write_chunk() -> None:
             inserted = engine.insert_jobs(
-                shared, using=using, rows=rows, now=now, database_clock=True, position=len(results)
-            )
-            if not enqueued_at:
-                enqueued_at.append(inserted.enqueued_at)
+                shared, using=using, rows=rows, now=now, database_clock=True, position=len(results),
+                after=first[0] if first else None,
+            )  # fmt: skip
+            if not first:
+                first.append(inserted)
             for job_id, (args, kwargs) in zip(inserted.ids, payloads, strict=True):
                 results.append(
                     JobResult(
                         task=task,
                         id=str(job_id),
                         status=status,
-                        enqueued_at=enqueued_at[0],
+                        enqueued_at=first[0].enqueued_at,
                         started_at=None,
                         last_attempted_at=None,
                         finished_at=None,
@@ -417,7 +418,8 @@ class JobsBackend(BaseTaskBackend):
             rows.clear()
             payloads.clear()
 
-        with transaction.atomic(using=using):
+        # Pipelined where the driver can: a chunk runs in the database while the next is built.
+        with transaction.atomic(using=using), engine.pipelined(using):
             for index, item in enumerate(items):
                 args, kwargs = _item_arguments(index, item)
                 try:
@@ -448,7 +450,8 @@ class JobsBackend(BaseTaskBackend):
         using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
         results: list[JobResult] = []
         wake = False
-        with transaction.atomic(using=using):
+        # Pipelined where the driver can: a chunk runs in the database while the next is built.
+        with transaction.atomic(using=using), engine.pipelined(using):
             for index, item in enumerate(items):
                 args, kwargs = _item_arguments(index, item)
                 try:

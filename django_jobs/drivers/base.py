@@ -100,6 +100,12 @@ class Driver:
         driver may prepare it); ``generic``: the worker's claims and outcome batches."""
         return self.connection.cursor()
 
+    def pipeline(self) -> Any:
+        """A block whose statements need not wait for each other's answers (see
+        :meth:`insert_jobs`'s ``fetch``): the database works on one while the caller builds the
+        next. Errors are raised by the statement that reads an answer, or on leaving the block."""
+        return contextlib.nullcontext()
+
     def effects_atomic(self) -> Any:
         """A transaction around a change and the events a second statement writes for it
         (nothing where the change's own statement writes them, or with events off)."""
@@ -413,12 +419,14 @@ class Driver:
         step: int,
         shared: list[Any],
         event: tuple[str, str] | None,
+        fetch: bool = True,
     ) -> datetime | None:
         """Insert one chunk of a batch of jobs of one task: ``part`` (args JSON, kwargs JSON) of
         the jobs ``ids[start:]``, the i-th with ``seq + offset + step * i``, the columns they
         share in ``shared``. ``event``: (queue, data JSON) of the ``enqueued`` events the
         statement writes (drivers with :attr:`FUSED_EFFECTS`). Return the ``enqueued_at`` the
-        database stamped, or None when the caller gave it."""
+        database stamped, or None when the caller gave it; ``fetch`` False: the caller gave it
+        (a later chunk), so the answer is not waited for (see :meth:`pipeline`)."""
         raise NotImplementedError
 
     def append_enqueued_events(

@@ -291,6 +291,7 @@ class MySQLDriver(Driver):
         step: int,
         shared: list[Any],
         event: tuple[str, str] | None,
+        fetch: bool = True,
     ) -> datetime | None:
         backend, queue, task_path, state, priority, available_at, options, max_attempts, enqueued_at, trace, partition, blocked = shared  # fmt: skip
         rows = [

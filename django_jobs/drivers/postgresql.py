@@ -3,9 +3,11 @@ modifying CTEs), claims skip locked rows, and the hot statements are prepared.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -160,6 +162,11 @@ class PostgreSQLDriver(Driver):
 
     # -- jobs: insert -----------------------------------------------------------------------------
 
+    def pipeline(self) -> Any:
+        # psycopg's pipeline mode: a statement is sent without waiting for the answer of the one
+        # before it. Errors surface on a fetch or on leaving the block, translated as Django's.
+        return _pipeline(self.connection)
+
     def insert_job_sql(self, *, notify: bool, once: bool, guarded: bool, events: bool) -> str:
         return insert_sql(True, notify=notify, once=once, guarded=guarded, events=events)
 
@@ -175,6 +182,7 @@ class PostgreSQLDriver(Driver):
         step: int,
         shared: list[Any],
         event: tuple[str, str] | None,
+        fetch: bool = True,
     ) -> datetime | None:
         # The rows as one JSON array of [id, args, kwargs, seq]: the args and kwargs are JSON the
         # caller validated, spliced in as they are rather than parsed and dumped again.
@@ -188,8 +196,9 @@ class PostgreSQLDriver(Driver):
         )
         params: list[Any] = [rows, *(event or ()), *shared]  # the WITH comes first in the statement
         cursor.execute(insert_chunk_sql(True, CHUNK, event is not None), params)
-        # The statement returns the enqueued_at it stored; later chunks reuse it.
-        return self.to_dt(cursor.fetchone()[0])
+        # The statement returns the enqueued_at it stored; later chunks reuse it, and do not
+        # wait for their answer (in a pipeline, the next chunk is built while this one runs).
+        return self.to_dt(cursor.fetchone()[0]) if fetch else None
 
     # -- jobs: outcomes -----------------------------------------------------------------------------
 
@@ -299,6 +308,17 @@ class PostgreSQLDriver(Driver):
             [x for key in keys for x in key],
         )
         return cursor.rowcount
+
+
+@contextlib.contextmanager
+def _pipeline(connection: Any) -> Iterator[None]:
+    connection.ensure_connection()
+    raw = connection.connection
+    if not hasattr(raw, "pipeline"):  # psycopg2
+        yield
+        return
+    with connection.wrap_database_errors, raw.pipeline():
+        yield
 
 
 # -- statements sent thousands of times ----------------------------------------------------------

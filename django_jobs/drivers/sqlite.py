@@ -51,6 +51,7 @@ class SQLiteDriver(Driver):
         step: int,
         shared: list[Any],
         event: tuple[str, str] | None,
+        fetch: bool = True,
     ) -> datetime | None:
         params: list[Any] = []
         for i, (args_json, kwargs_json) in enumerate(part, start):

@@ -62,7 +62,7 @@ from .dedup import (
 )
 from .effects import notify, write_events
 from .flows import FlowJob, FlowParentNotWaiting, cancel_descendants, children_values, insert_flow, settle_dependencies
-from .insert import InsertedJobs, insert_job, insert_jobs, insert_new_job
+from .insert import InsertedJobs, insert_job, insert_jobs, insert_new_job, pipelined
 from .maintenance import (
     RescuedJob,
     delete_jobs,
@@ -135,6 +135,7 @@ __all__ = [
     "insert_job",
     "insert_job_once",
     "insert_jobs",
+    "pipelined",
     "insert_new_job",
     "is_cancel_requested",
     "is_queue_paused",

@@ -206,6 +206,9 @@ class InsertedJobs(NamedTuple):
     ids: list[uuid.UUID]
     #: The ``enqueued_at`` every one of them got (None when no row was given).
     enqueued_at: datetime | None
+    #: The queue has a size limit (each chunk is admitted); False: the later chunks of the
+    #: batch skip the probe.
+    limited: bool = True
 
 
 def _rows_per_statement(conn: Any) -> int:
@@ -223,6 +226,7 @@ def insert_jobs(
     now: datetime | None = None,
     position: int = 0,
     database_clock: bool = False,
+    after: InsertedJobs | None = None,
 ) -> InsertedJobs:
     """Insert jobs of one task in the caller's transaction, one multi-row INSERT per
     :data:`INSERT_CHUNK` rows; return their ids in the order of ``rows`` and the
@@ -245,6 +249,11 @@ def insert_jobs(
     stay) when the queue or partition has a size limit that ``position`` + ``len(rows)`` jobs
     would pass.
 
+    ``after``: what the batch's first chunk returned, for its later chunks. They get the same
+    ``enqueued_at`` and skip the admission probe of a queue without a size limit, so they
+    read no answer: inside :meth:`Driver.pipeline <django_jobs.drivers.base.Driver.pipeline>`
+    each is sent while the caller builds the next.
+
     Sends no NOTIFY: the caller wakes workers once per batch with :func:`notify`.
     """
     if not rows:
@@ -253,6 +262,8 @@ def insert_jobs(
     conn = connections[using]
     # None: the database clock, stamped by the INSERT.
     enqueued_at = None if d.DATABASE_CLOCK and (now is None or database_clock) else now or timezone.now()
+    if after is not None and after.enqueued_at is not None:
+        enqueued_at = after.enqueued_at
     now = now or enqueued_at or timezone.now()
     run_after, queue, partition = job.run_after, job.queue, job.partition
     delayed = run_after is not None and run_after > now
@@ -281,12 +292,14 @@ def insert_jobs(
     events = events_enabled()
     event_data = json.dumps({"task": job.task_path, "state": state})
     with d.cursor(hot=True) as cursor:
-        _admit(cursor, d, queue, {partition: len(rows)}, batch_before=position)
+        limited = after.limited if after is not None else True
+        if limited:
+            limited = _admit(cursor, d, queue, {partition: len(rows)}, batch_before=position)
         fused = events and d.FUSED_EFFECTS
         for start, stop in _chunks(rows, per_statement, _CHUNK_JSON_CHARS if d.BATCH_AS_JSON else None):
             stored = d.insert_jobs(
                 cursor, ids=ids, part=rows[start:stop], start=start, seq=seq, offset=step * position, step=step,
-                shared=shared, event=(queue, event_data) if fused else None,
+                shared=shared, event=(queue, event_data) if fused else None, fetch=enqueued_at is None,
             )  # fmt: skip
             if stored is not None:  # the database stamped enqueued_at; later chunks reuse it
                 enqueued_at = stored
@@ -298,7 +311,14 @@ def insert_jobs(
             d.notify(cursor, events_channel(), [""])
         if partition is not None:
             _unblock_heads(cursor, d, {(queue, partition)})
-    return InsertedJobs(ids, enqueued_at)
+    return InsertedJobs(ids, enqueued_at, limited)
+
+
+def pipelined(using: str) -> Any:
+    """A block in which the chunks :func:`insert_jobs` sends with ``after`` do not wait for
+    each other's answers where the driver can (PostgreSQL: psycopg's pipeline mode), so the
+    database inserts one while the caller builds the next."""
+    return driver(using).pipeline()
 
 
 #: Most characters of JSON in one chunk of :func:`insert_jobs` on PostgreSQL, whose rows travel

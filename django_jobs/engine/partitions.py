@@ -49,7 +49,7 @@ def _count_unfinished(cursor: Any, queue: str, partition: str | None, cap: int) 
     return cursor.fetchone()[0]
 
 
-def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *, batch_before: int = 0) -> None:
+def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *, batch_before: int = 0) -> bool:
     """Raise QueueFull when ``adding`` (``{partition or None: new jobs}``) would take ``queue``
     or one of its partitions past its max size. Call inside a transaction, before the INSERT.
 
@@ -59,10 +59,11 @@ def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *,
     and each sees the jobs the one before it committed (READ COMMITTED: each statement after the
     lock reads anew): the size never passes the limit, however many processes enqueue. ``batch_before``: jobs of the same batch
     this transaction already inserted (they are counted in the size; the message names them).
+    True when the queue has a size limit (False: nothing was locked or counted).
     """
     row = d.lock_admission(cursor, queue, _SIZE_LIMITED)
     if row is None:
-        return
+        return False
     max_size, partition_max = row
     total = sum(adding.values())
     if max_size is not None:
@@ -79,6 +80,7 @@ def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *,
                     queue=queue, partition=partition, size=size - batch_before, limit=partition_max,
                     adding=n + batch_before,
                 )  # fmt: skip
+    return True
 
 
 def _unblock_heads(cursor: Any, d: Driver, partitions: set[tuple[str, str]]) -> int:

@@ -484,3 +484,65 @@ def test_one_hundred_thousand_jobs_from_a_generator_in_one_call_all_or_nothing(e
     results = tasks.add.enqueue_many(items())
     assert len(results) == n and results[0].args == [0, 1] and results[-1].args == [n - 1, 1]
     assert Job.objects.filter(state="waiting").count() == n
+
+
+# -- later chunks: no admission probe, no waiting for answers (pipelined on PostgreSQL) ----------
+
+
+@db
+def test_the_later_chunks_of_a_queue_without_a_size_limit_send_no_admission_probe():
+    with CaptureQueriesContext(connection) as queries:
+        results = tasks.noop.enqueue_many(() for _ in range(CHUNK * 3))
+    probes = [q["sql"] for q in queries.captured_queries if "django_jobs_queuestate" in q["sql"]]
+    assert len(probes) == 1, probes
+    stored = Job.objects.filter(id__in=[r.id for r in results])
+    assert stored.count() == CHUNK * 3
+    assert len({j.enqueued_at for j in stored}) == 1, "one enqueued_at for the whole call"
+    assert {r.enqueued_at for r in results} == {stored[0].enqueued_at}
+
+
+@db
+def test_a_size_limited_queue_admits_every_chunk():
+    django_jobs.queue("bulk-cap").set_max_size(CHUNK + 10)
+    with pytest.raises(django_jobs.QueueFull) as raised:
+        tasks.noop.using(queue_name="bulk-cap").enqueue_many(() for _ in range(CHUNK * 2))
+    assert raised.value.limit == CHUNK + 10
+    assert not Job.objects.filter(queue="bulk-cap").exists()
+    assert len(tasks.noop.using(queue_name="bulk-cap").enqueue_many(() for _ in range(CHUNK + 10))) == CHUNK + 10
+
+
+@pytest.mark.postgres
+@committing
+def test_a_database_error_in_a_pipelined_later_chunk_is_djangos_and_leaves_no_job():
+    """The chunks after the first are sent without waiting for their answers: an error the
+    database raises in one of them still reaches the caller as Django's exception, the whole
+    call is rolled back, and the connection goes on working."""
+    from django.db import DatabaseError
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_refuse_13() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.args = '[13]'::jsonb THEN RAISE EXCEPTION 'refused 13' USING ERRCODE = 'check_violation'; END IF; "
+            "RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_refuse_13 BEFORE INSERT ON django_jobs_job FOR EACH ROW EXECUTE FUNCTION test_refuse_13()"
+        )
+    try:
+        items = [(i,) for i in range(CHUNK * 3)]
+        items[CHUNK * 2 + 5] = (13,)
+        with pytest.raises(DatabaseError, match="refused 13") as raised:
+            tasks.echo.enqueue_many(items)
+        assert type(raised.value).__module__ == "django.db.utils", type(raised.value)
+        assert not Job.objects.exists()
+        assert len(tasks.echo.enqueue_many([(1,), (2,)])) == 2, "the connection works after it"
+        with transaction.atomic():
+            tasks.echo.enqueue(3)
+            with pytest.raises(DatabaseError, match="refused 13"):
+                tasks.echo.enqueue_many(items)
+            tasks.echo.enqueue(4)  # the caller's transaction goes on: only the call's savepoint rolled back
+        assert sorted(j.args for j in Job.objects.all()) == [[1], [2], [3], [4]]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS test_refuse_13 ON django_jobs_job")
+            cursor.execute("DROP FUNCTION IF EXISTS test_refuse_13()")
