@@ -546,3 +546,65 @@ def test_a_database_error_in_a_pipelined_later_chunk_is_djangos_and_leaves_no_jo
         with connection.cursor() as cursor:
             cursor.execute("DROP TRIGGER IF EXISTS test_refuse_13 ON django_jobs_job")
             cursor.execute("DROP FUNCTION IF EXISTS test_refuse_13()")
+
+
+# -- task_enqueued for a batch: the receivers looked up once, each job to each of them ----------
+
+
+@db
+def test_enqueue_many_sends_each_job_to_every_receiver_for_its_sender_in_order(django_capture_on_commit_callbacks):
+    from django_jobs.backend import JobsBackend
+
+    calls = []
+
+    def first(sender, task_result, **kwargs):
+        calls.append(("first", sender, task_result.args))
+
+    def second(sender, task_result, **kwargs):
+        calls.append(("second", sender, task_result.args))
+
+    def elsewhere(sender, task_result, **kwargs):  # connected for another sender: never called
+        calls.append(("elsewhere", sender, task_result.args))
+
+    task_enqueued.connect(first)
+    task_enqueued.connect(second, sender=JobsBackend)
+    task_enqueued.connect(elsewhere, sender=object)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            tasks.add.enqueue_many([(1, 1), (2, 2)])
+    finally:
+        for receiver in (first, second, elsewhere):
+            task_enqueued.disconnect(
+                receiver, sender=None if receiver is first else (JobsBackend if receiver is second else object)
+            )
+    assert calls == [
+        ("first", JobsBackend, [1, 1]),
+        ("second", JobsBackend, [1, 1]),
+        ("first", JobsBackend, [2, 2]),
+        ("second", JobsBackend, [2, 2]),
+    ]
+
+
+@committing
+def test_enqueue_many_reaches_an_async_receiver_for_every_job():
+    seen = []
+
+    async def receiver(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        results = tasks.add.enqueue_many([(1, 1), (2, 2), (3, 3)])
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [r.id for r in results]
+
+
+@db
+def test_results_of_a_batch_hold_the_arguments_normalised_once():
+    results = tasks.echo.enqueue_many([((1, (2, 3)),), {"k": (4,)}])
+    assert (results[0].args, results[0].kwargs) == ([[1, [2, 3]]], {})
+    assert (results[1].args, results[1].kwargs) == ([], {"k": [4]})
+    assert tasks.echo.enqueue((5, 6)).args == [[5, 6]]
+    stored = tasks.echo.get_result(results[0].id)
+    assert stored.args == [[1, [2, 3]]], "a result read back is normalised as Django does"
