@@ -845,6 +845,60 @@ def test_a_reader_polling_through_open_transactions_misses_nothing():
 
 
 @pytest.mark.needs("ROW_LOCKS")
+def test_readers_paging_while_writers_commit_each_see_every_event_once():
+    """Four writer threads enqueue while two readers page the log at once (on MySQL/MariaDB both
+    readers publish, taking turns on the publisher's row): each reader's pages, put together,
+    hold every event exactly once, in the log's order."""
+    start = settled()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            for n in range(40):
+                tasks_console.ok.using(queue_name="ev-race").enqueue(i * 100 + n)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def read(seen: list) -> None:
+        cursor = start
+        try:
+            while True:
+                done = stop.is_set()  # read once more after the writers ended
+                page = django_jobs.events(cursor, limit=7, queue="ev-race")
+                seen.extend((e.txid, e.id) for e in page.events)
+                cursor = page.cursor
+                if done and not page.events:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    seen_by = [[], []]
+    readers = [threading.Thread(target=read, args=(seen,)) for seen in seen_by]
+    writers = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in readers + writers:
+        t.start()
+    for t in writers:
+        t.join(120)
+    settled()
+    stop.set()
+    for t in readers:
+        t.join(120)
+    assert not errors, errors
+    expected = set(Event.objects.filter(queue="ev-race").values_list("id", flat=True))
+    assert len(expected) == 160
+    for seen in seen_by:
+        ids = [i for _, i in seen]
+        assert len(ids) == len(set(ids)), "an event was read twice"
+        assert set(ids) == expected, f"missed {len(expected - set(ids))} events"
+        assert seen == sorted(seen), "pages follow the log's (txid, id) order"
+
+
+@pytest.mark.needs("ROW_LOCKS")
 def test_a_reader_inside_its_own_writing_transaction_sees_its_events_only_after_commit():
     cursor = settled()
     with transaction.atomic():
