@@ -277,6 +277,36 @@ class JobResult(TaskResult):
             object.__setattr__(self, attr, getattr(fresh, attr, None))
 
 
+def _new_result(
+    task: Task,
+    backend: str,
+    job_id: uuid.UUID,
+    status: Any,
+    enqueued_at: datetime | None,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    trace_id: str | None,
+) -> JobResult:
+    """The result of a job just inserted: not started, no error, no progress. Call it with
+    ``_NORMALIZED`` set: ``args`` and ``kwargs`` are what check_payload / encode_payload
+    returned, already normalised, and TaskResult's __post_init__ need not walk them again."""
+    return JobResult(
+        task=task,
+        id=str(job_id),
+        status=status,
+        enqueued_at=enqueued_at,
+        started_at=None,
+        last_attempted_at=None,
+        finished_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=backend,
+        errors=[],
+        worker_ids=[],
+        trace_id=trace_id,
+    )
+
+
 class JobsBackend(BaseTaskBackend):
     """Stores each enqueued task as a ``Job`` row; ``manage.py runworker`` runs them."""
 
@@ -432,24 +462,10 @@ class JobsBackend(BaseTaskBackend):
             stamped = first[0].enqueued_at
             token = _NORMALIZED.set(True)  # the arguments encode_payload returned
             try:
-                for job_id, (args, kwargs) in zip(inserted.ids, payloads, strict=True):
-                    results.append(
-                        JobResult(
-                            task=task,
-                            id=str(job_id),
-                            status=status,
-                            enqueued_at=stamped,
-                            started_at=None,
-                            last_attempted_at=None,
-                            finished_at=None,
-                            args=args,
-                            kwargs=kwargs,
-                            backend=self.alias,
-                            errors=[],
-                            worker_ids=[],
-                            trace_id=trace_id,
-                        )
-                    )
+                results.extend(
+                    _new_result(task, self.alias, job_id, status, stamped, args, kwargs, trace_id)
+                    for job_id, (args, kwargs) in zip(inserted.ids, payloads, strict=True)
+                )
             finally:
                 _NORMALIZED.reset(token)
             rows.clear()
@@ -554,25 +570,12 @@ class JobsBackend(BaseTaskBackend):
         return result
 
     def _result_from_new_job(self, job: Any, task: Task) -> JobResult:
-        """The result of a job of ``task`` just inserted (an ``engine.NewJob``), as
+        """The result of a job of ``task`` just inserted (an ``engine.NewRow``), as
         :meth:`_result_from_job` reads it from its ``Job``: not started, no error, no progress."""
         token = _NORMALIZED.set(True)  # the arguments check_payload returned
         try:
-            return JobResult(
-                task=task,
-                id=str(job.id),
-                status=to_task_status(job.state),
-                enqueued_at=job.enqueued_at,
-                started_at=None,
-                last_attempted_at=None,
-                finished_at=None,
-                args=job.args,
-                kwargs=job.kwargs,
-                backend=self.alias,
-                errors=[],
-                worker_ids=[],
-                trace_id=job.trace_id,
-            )
+            status = to_task_status(job.state)
+            return _new_result(task, self.alias, job.id, status, job.enqueued_at, job.args, job.kwargs, job.trace_id)
         finally:
             _NORMALIZED.reset(token)
 
