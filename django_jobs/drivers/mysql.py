@@ -115,6 +115,8 @@ class MySQLDriver(Driver):
                         cursor.execute(
                             f"UPDATE {EVENT_TABLE} SET txid = %s WHERE id IN ({_marks(len(part))})", [batch, *part]
                         )
+            if ids:
+                return batch + 1  # committed; a later publisher's batch is read next time
         cursor.execute(f"SELECT counter FROM {LEASE_TABLE} WHERE name = %s", [EVENTS_LEASE])
         row = cursor.fetchone()
         return (row[0] if row else 0) + 1

@@ -61,7 +61,8 @@ def take_leadership(*, using: str, backend: str, worker_id: str, seconds: float)
     when this worker holds it now (it held it, or it was free or had expired). Several hosts
     agree on who leads whatever their own clocks say."""
     name = _leader_lease(backend)
-    free = Q(holder=worker_id) | Q(holder="") | Q(expires_at__isnull=True) | Q(expires_at__lt=Now())
+    # Free: never taken or given up (no expiry), or expired.
+    free = Q(holder=worker_id) | Q(expires_at__isnull=True) | Q(expires_at__lt=Now())
     until = ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
     leases = Lease.objects.using(using)
     if leases.filter(free, name=name).update(holder=worker_id, expires_at=until):
@@ -87,7 +88,6 @@ def leader_id(*, using: str, backend: str) -> str | None:
     return (
         Lease.objects.using(using)
         .filter(name=_leader_lease(backend), expires_at__gt=Now())
-        .exclude(holder="")
         .values_list("holder", flat=True)
         .first()
     )

@@ -3,8 +3,9 @@
 Its thread ticks every 0.1 s. Every ``LEASE_SECONDS / 3`` it extends the leases the worker
 holds and moves the heartbeat (registering again if the reaper took the worker for dead); it
 takes or renews the leadership of its backend alias (a lease row on the database's clock,
-``engine.take_leadership``; a draining worker gives it up); it runs the services when due (the rescuer, reaper and sweepers only on the leader);
-and it polls for cancels of running jobs when no NOTIFY brings them.
+``engine.take_leadership``; a draining worker gives it up); it runs the services when due (the
+rescuer, reaper and sweepers only on the leader); and it polls for cancels of running jobs when
+no NOTIFY brings them.
 """
 
 from __future__ import annotations
