@@ -484,6 +484,16 @@ def test_the_job_page_shows_arguments_progress_errors_logs_and_timeline(admin_cl
 
 
 @pytest.mark.django_db
+def test_the_timeline_of_a_job_of_a_batch_says_where_its_enqueue_is_recorded(admin_client):
+    single = tasks.noop.enqueue()
+    batch = tasks.noop.enqueue_many([(), ()])
+    note = "no <code>enqueued</code> event of its own"
+    timeline = page(admin_client, f"{CHANGELIST}{batch[1].id}/change/").split('id="timeline"')[1]
+    assert note in timeline and "enqueued-many" in timeline
+    assert note not in page(admin_client, f"{CHANGELIST}{single.id}/change/")
+
+
+@pytest.mark.django_db
 def test_the_job_page_shows_result_and_numeric_progress(admin_client):
     done = returns.enqueue({"total": 3, "html": XSS})
     drain_queue()

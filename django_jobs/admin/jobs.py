@@ -473,6 +473,7 @@ def job_page_context(job: Job) -> dict[str, Any]:
         "log_cap": LOG_LINES_SHOWN,
         "events": [{"event": e, "data_json": pretty(e.data) if e.data else ""} for e in events[:EVENTS_SHOWN]],
         "events_truncated": len(events) > EVENTS_SHOWN,
+        "enqueue_recorded": any(e.kind == "enqueued" for e in events),
         "event_cap": EVENTS_SHOWN,
         "ancestors": ancestors,
         "children": children,

@@ -432,8 +432,10 @@ class Driver:
     def append_enqueued_events(
         self, cursor: Any, ids: list[uuid.UUID], queue: str, data_json: str, created: datetime
     ) -> None:
-        """The ``enqueued`` events of jobs just inserted by :meth:`insert_jobs` (one data)."""
-        self.append_events(cursor, [(queue, i, "enqueued", json.loads(data_json)) for i in ids], created, "")
+        """The ``enqueued-many`` event of a chunk of jobs just inserted by :meth:`insert_jobs`:
+        one row for the chunk, ``data_json`` plus ``jobs``, their ids in insert order."""
+        data = {**json.loads(data_json), "jobs": [str(i) for i in ids]}
+        self.append_events(cursor, [(queue, None, "enqueued-many", data)], created, "")
 
     # -- jobs: outcomes -----------------------------------------------------------------------------
 

@@ -106,11 +106,12 @@ def insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
         ["v.id", "%s", "%s", "%s", "v.args", "v.kwargs", "%s", "%s", cast("timestamptz"), cast("jsonb"), "%s",
          enqueued, "0", "0", "0", "'[]'", "'[]'", "v.seq", "%s", "%s", "%s"]
     )  # fmt: skip
-    # PostgreSQL with events: each row's "enqueued" event rides on the statement (two more
-    # parameters after the rows: the queue and the event's data, the same for every row).
+    # PostgreSQL with events: the chunk's one "enqueued-many" event rides on the statement (two
+    # more parameters after the rows: the queue and the data its jobs share, to which the
+    # statement adds their ids, uuid7s, so in insert order).
     event = (
-        f", ev AS (INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) SELECT {TXID}, %s, v.id, 'enqueued', "
-        f"%s::jsonb, clock_timestamp() FROM v)"
+        f", ev AS (INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) SELECT {TXID}, %s, NULL, 'enqueued-many', "
+        f"%s::jsonb || jsonb_build_object('jobs', jsonb_agg(v.id ORDER BY v.id)), clock_timestamp() FROM v)"
         if events and pg
         else ""
     )

@@ -14,7 +14,7 @@ from django.dispatch import receiver
 
 from ..conf import get_settings
 from ..db import jobs_database_aliases
-from .base import CHUNK, EVENT_COLUMNS, EVENT_TABLE, Driver
+from .base import CHUNK, Driver
 from .inserts import insert_chunk_sql, insert_many_sql, insert_sql
 
 MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
@@ -60,16 +60,6 @@ class SQLiteDriver(Driver):
         n = len(part)
         cursor.execute(insert_chunk_sql(False, n) if n == CHUNK else insert_many_sql(False, n), params)
         return None
-
-    def append_enqueued_events(
-        self, cursor: Any, ids: list[uuid.UUID], queue: str, data_json: str, created: datetime
-    ) -> None:
-        values = ", ".join(["(%s)"] * len(ids))
-        cursor.execute(
-            f"WITH v(id) AS (VALUES {values}) INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) "
-            f"SELECT 0, %s, v.id, 'enqueued', %s, %s FROM v",
-            [*(i.hex for i in ids), queue, data_json, self.dt(created)],
-        )
 
 
 def version() -> tuple[int, ...]:
