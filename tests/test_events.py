@@ -349,7 +349,9 @@ def test_an_enqueue_rolled_back_leaves_no_event():
         tasks_console.ok.using(queue_name="ev-rb").enqueue_many([(2,), (3,)])
         flow(tasks.noop.using(queue_name="ev-rb"), children=[flow(tasks.noop.using(queue_name="ev-rb"))]).enqueue()
         django_jobs.queue("ev-rb").pause()
-        assert Event.objects.filter(queue="ev-rb").count() == 5  # visible inside the transaction (one enqueued-many for the two)
+        assert (
+            Event.objects.filter(queue="ev-rb").count() == 5
+        )  # visible inside the transaction (one enqueued-many for the two)
         raise Rollback
 
     assert not Job.objects.filter(queue="ev-rb").exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -412,6 +413,7 @@ class Driver:
         cursor: Any,
         *,
         ids: list[uuid.UUID],
+        texts: Sequence[str],
         part: list[tuple[str, str]],
         start: int,
         seq: int,
@@ -422,9 +424,10 @@ class Driver:
         fetch: bool = True,
     ) -> datetime | None:
         """Insert one chunk of a batch of jobs of one task: ``part`` (args JSON, kwargs JSON) of
-        the jobs ``ids[start:]``, the i-th with ``seq + offset + step * i``, the columns they
-        share in ``shared``. ``event``: (queue, data JSON) of the ``enqueued`` events the
-        statement writes (drivers with :attr:`FUSED_EFFECTS`). Return the ``enqueued_at`` the
+        the jobs ``ids[start:]`` (``texts``: their ``str()``), the i-th with ``seq + offset +
+        step * i``, the columns they share in ``shared``. ``event``: (queue, data JSON) of the
+        chunk's ``enqueued-many`` event the statement writes (drivers with
+        :attr:`FUSED_EFFECTS`). Return the ``enqueued_at`` the
         database stamped, or None when the caller gave it; ``fetch`` False: the caller gave it
         (a later chunk), so the answer is not waited for (see :meth:`pipeline`)."""
         raise NotImplementedError

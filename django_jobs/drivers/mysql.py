@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -286,6 +286,7 @@ class MySQLDriver(Driver):
         cursor: Any,
         *,
         ids: list[uuid.UUID],
+        texts: Sequence[str],
         part: list[tuple[str, str]],
         start: int,
         seq: int,

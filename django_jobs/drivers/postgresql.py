@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -175,6 +175,7 @@ class PostgreSQLDriver(Driver):
         cursor: Any,
         *,
         ids: list[uuid.UUID],
+        texts: Sequence[str],
         part: list[tuple[str, str]],
         start: int,
         seq: int,
@@ -189,7 +190,7 @@ class PostgreSQLDriver(Driver):
         rows = (
             "["
             + ",".join(
-                f'["{ids[i]}",{args_json},{kwargs_json},{seq + offset + step * i}]'
+                f'["{texts[i]}",{args_json},{kwargs_json},{seq + offset + step * i}]'
                 for i, (args_json, kwargs_json) in enumerate(part, start)
             )
             + "]"

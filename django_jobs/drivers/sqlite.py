@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +45,7 @@ class SQLiteDriver(Driver):
         cursor: Any,
         *,
         ids: list[uuid.UUID],
+        texts: Sequence[str],
         part: list[tuple[str, str]],
         start: int,
         seq: int,

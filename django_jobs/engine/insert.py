@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -209,6 +209,8 @@ class InsertedJobs(NamedTuple):
     #: The queue has a size limit (each chunk is admitted); False: the later chunks of the
     #: batch skip the probe.
     limited: bool = True
+    #: ``str()`` of each id (a result's id), made once for the driver and the caller.
+    texts: Sequence[str] = ()
 
 
 def _rows_per_statement(conn: Any) -> int:
@@ -288,6 +290,7 @@ def insert_jobs(
     ]
     enqueued_slot = 8  # enqueued_at's place in shared
     ids = uuid7_many(len(rows))
+    texts = [str(i) for i in ids]
     per_statement = _rows_per_statement(conn)
     events = events_enabled()
     event_data = json.dumps({"task": job.task_path, "state": state})
@@ -298,7 +301,7 @@ def insert_jobs(
         fused = events and d.FUSED_EFFECTS
         for start, stop in _chunks(rows, per_statement, _CHUNK_JSON_CHARS if d.BATCH_AS_JSON else None):
             stored = d.insert_jobs(
-                cursor, ids=ids, part=rows[start:stop], start=start, seq=seq, offset=step * position, step=step,
+                cursor, ids=ids, texts=texts, part=rows[start:stop], start=start, seq=seq, offset=step * position, step=step,
                 shared=shared, event=(queue, event_data) if fused else None, fetch=enqueued_at is None,
             )  # fmt: skip
             if stored is not None:  # the database stamped enqueued_at; later chunks reuse it
@@ -311,7 +314,7 @@ def insert_jobs(
             d.notify(cursor, events_channel(), [""])
         if partition is not None:
             _unblock_heads(cursor, d, {(queue, partition)})
-    return InsertedJobs(ids, enqueued_at, limited)
+    return InsertedJobs(ids, enqueued_at, limited, texts)
 
 
 def pipelined(using: str) -> Any:

@@ -20,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_jobs
+from django_jobs import backend as backend_module
 from django_jobs import engine
 from django_jobs.backend import JobCall, JobResult
 from django_jobs.exceptions import InvalidArgumentValue, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
@@ -260,6 +261,29 @@ def test_enqueue_many_returns_ready_results_in_order_matching_the_rows():
         assert job.seq == engine.ready_seq(job.available_at)
         assert tasks.add.get_result(r.id).args == r.args
     assert [c.id for c in claim(now=None)] == [uuid.UUID(r.id) for r in results]
+
+
+@db
+def test_enqueue_many_results_equal_what_enqueue_returns_field_by_field():
+    """enqueue_many builds its results through the slots (backend._batch_results): each must
+    equal, field by field, the result enqueue and get_result give for such a job."""
+    many = tasks.add.using(queue_name="sums", trace_id="t-1").enqueue_many([(1, 2), {"a": 3, "b": 4}])
+    one = tasks.add.using(queue_name="sums", trace_id="t-1").enqueue(1, 2)
+    for got in many:
+        fields = {f: getattr(got, f) for f in backend_module._BATCH_FIELDS}
+        expected = {f: getattr(one, f) for f in backend_module._BATCH_FIELDS}
+        expected.update(id=got.id, args=got.args, kwargs=got.kwargs, enqueued_at=got.enqueued_at)
+        assert fields == expected
+        stored = tasks.add.get_result(got.id)  # its task is the declared one, without .using()'s options
+        assert {f: getattr(stored, f) for f in backend_module._BATCH_FIELDS - {"task"}} == {
+            f: getattr(got, f) for f in backend_module._BATCH_FIELDS - {"task"}
+        }
+        assert (got.attempts, got.is_finished, got.errors, got.duplicate) == (0, False, [], False)
+        with pytest.raises(ValueError, match="not finished yet"):
+            got.return_value
+        got.refresh()
+        assert got.status == TaskResultStatus.READY
+    assert many[0].errors is not many[1].errors, "each result has its own lists"
 
 
 @db
