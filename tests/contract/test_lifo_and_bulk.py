@@ -280,7 +280,7 @@ def test_enqueue_many_results_equal_what_enqueue_returns_field_by_field():
         }
         assert (got.attempts, got.is_finished, got.errors, got.duplicate) == (0, False, [], False)
         with pytest.raises(ValueError, match="not finished yet"):
-            got.return_value
+            _ = got.return_value
         got.refresh()
         assert got.status == TaskResultStatus.READY
     assert many[0].errors is not many[1].errors, "each result has its own lists"
