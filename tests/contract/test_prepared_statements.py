@@ -119,3 +119,26 @@ def test_a_pooler_refusing_prepared_statements_makes_the_process_send_them_unpre
     assert db._refused_by_pooler is True
     assert "refused a prepared statement" in caplog.text
     assert Job.objects.filter(state="completed").count() == 3
+
+
+def test_the_outcome_batch_reads_its_jobs_through_the_primary_key_whatever_the_statistics_say():
+    # The statistics were taken with no job active (autovacuum's usual picture of a queue that
+    # drains): the generic plan read every active job through django_jobs_active_idx and hashed
+    # them, a cost that grows with the jobs the workers hold, not with the batch.
+    connection.close()
+    tasks.noop.enqueue_many(() for _ in range(2000))  # enough rows that a plan reads an index
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_jobs_job")
+    jobs = claim(limit=5, worker_id="w")
+    assert record(jobs[0], queue=jobs[0].queue) == {jobs[0].id: "completed"}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements "
+            "WHERE statement LIKE '%jsonb_array_elements%' AND statement LIKE '%UPDATE django_jobs_job%'"
+        )
+        [(name, n)] = cursor.fetchall()
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['NULL'] * n)})")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET plan_cache_mode")
+    assert "django_jobs_job_pkey" in plan and "django_jobs_active_idx" not in plan, plan
