@@ -3,22 +3,39 @@
 from __future__ import annotations
 
 import io
+import re
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 import django_jobs
 from django_jobs.models import Job
 from django_jobs.testing import drain_queue
 from tests import tasks
+from tests.factories import insert_job
 
 
 def jobs(*args: str) -> str:
     out = io.StringIO()
     call_command("jobs", *args, stdout=out, stderr=io.StringIO())
     return out.getvalue()
+
+
+def rows(out: str) -> list[dict[str, str]]:
+    """The rows of a table the command printed, as ``{column: cell}`` (cells are left-aligned
+    under their header; a header such as "runs at" has single spaces, columns two)."""
+    head, _rule, *body = out.splitlines()
+    starts = [(m.start(), m.group()) for m in re.finditer(r"\S(?:\S| (?! ))*", head)]
+    ends = [start for start, _ in starts[1:]] + [None]
+    return [{name: line[start:end].strip() for (start, name), end in zip(starts, ends, strict=True)} for line in body]
+
+
+def utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @pytest.mark.django_db
@@ -99,3 +116,37 @@ def test_list_filters_like_the_admin_by_priority_trace_partition_and_enqueue_tim
     assert high.id in jobs("list", "--until", "2999-01-01T00:00+00:00")
     with pytest.raises(CommandError, match="ISO 8601"):
         jobs("list", "--since", "yesterday")
+
+
+@pytest.mark.django_db
+def test_show_says_when_a_delayed_job_runs_to_the_second_with_its_zone_and_how_far_from_now():
+    later = tasks.noop.using(run_after=timedelta(days=2, minutes=30)).enqueue()
+    fixed = tasks.noop.using(run_after=datetime(2031, 1, 15, 6, 0, 3, 750000, tzinfo=UTC)).enqueue()
+    row = Job.objects.get(id=later.id)
+    assert row.state == "delayed"
+    assert f"runs at     {utc(row.available_at)} (in 2d00h)" in jobs("show", later.id)
+    shown = jobs("show", fixed.id)
+    assert re.search(r"^runs at     2031-01-15 06:00:03 UTC \(in \d+d\d\dh\)$", shown, re.M), shown
+    with timezone.override("Asia/Kolkata"):  # UTC+05:30, no summer time
+        assert "runs at     2031-01-15 11:30:03 IST (in " in jobs("show", fixed.id)
+    overdue = insert_job(now=timezone.now() - timedelta(hours=4), run_after=timezone.now() - timedelta(hours=3))
+    assert overdue.state == "delayed", "not promoted yet"
+    assert re.search(r"^runs at     .+ UTC \(due 3h00m ago\)$", jobs("show", str(overdue.id)), re.M)
+    waiting = tasks.noop.enqueue()
+    assert "runs at" not in jobs("show", waiting.id), "only a delayed job waits for a time"
+
+
+@pytest.mark.django_db
+def test_list_shows_priority_and_the_run_at_of_delayed_jobs_in_the_same_format_as_show():
+    delayed = tasks.noop.using(priority=7, run_after=datetime(2031, 1, 15, 6, 0, 3, tzinfo=UTC)).enqueue()
+    waiting = tasks.noop.using(priority=-3).enqueue()
+    by_id = {r["id"]: r for r in rows(jobs("list"))}
+    assert list(by_id[delayed.id]) == ["id", "task", "queue", "state", "priority", "attempts", "enqueued", "runs at"]
+    assert by_id[delayed.id]["priority"] == "7" and by_id[delayed.id]["state"] == "delayed"
+    assert by_id[delayed.id]["runs at"] == "2031-01-15 06:00:03 UTC"
+    assert by_id[waiting.id]["priority"] == "-3" and by_id[waiting.id]["runs at"] == ""
+    enqueued = Job.objects.get(id=waiting.id).enqueued_at
+    assert by_id[waiting.id]["enqueued"] == utc(enqueued)
+    assert f"enqueued    {utc(enqueued)}" in jobs("show", waiting.id), "one format in list and show"
+    with timezone.override("Asia/Kolkata"):
+        assert rows(jobs("list", "--state", "delayed"))[0]["runs at"] == "2031-01-15 11:30:03 IST"

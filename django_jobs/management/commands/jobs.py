@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.tasks import task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
+from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 import django_jobs
@@ -20,6 +20,8 @@ from ...conf import get_settings
 from ...console import dashboard, job_detail, list_jobs
 from ...exceptions import JobsError
 from ...services import Pruner
+from ...states import JobState
+from ..text import due, duration, moment, parse_moment, table
 
 
 class Command(BaseCommand):
@@ -99,7 +101,7 @@ class Command(BaseCommand):
                     str(q.hour.failed),
                     f"{q.jobs_per_minute:g}",
                     "" if avg is None else f"{avg:,.0f} ms",
-                    "" if age is None else _duration(age.total_seconds()),
+                    "" if age is None else duration(age.total_seconds()),
                     "yes" if r.paused else "",
                     "" if r.concurrency is None else str(r.concurrency),
                     "" if r.rate_limit is None else f"{r.rate_limit[0]}/{r.rate_limit[1]:g}s",
@@ -108,21 +110,21 @@ class Command(BaseCommand):
             )
         if not body:
             return "No queues with unfinished jobs, settings or jobs finished in the last day."
-        lines = [_table(head, body), ""]
+        lines = [table(head, body), ""]
         workers = board.workers.rows
         lines.append(f"{len(workers)} worker(s):" if workers else "No live workers.")
         for w in workers:
             stale = "  STALE" if w.stale else ""
             lines.append(
                 f"  {w.hostname} pid {w.pid}  queues {','.join(w.queues) or '*'}  concurrency {w.concurrency}  "
-                f"running {w.running}  heartbeat {_duration(w.heartbeat_age.total_seconds())} ago{stale}"
+                f"running {w.running}  heartbeat {duration(w.heartbeat_age.total_seconds())} ago{stale}"
             )
         return "\n".join(lines)
 
     def do_list(self, queue=None, state=None, task=None, limit=20, **options: Any) -> None:  # noqa: ANN001
         filters = {k: options.get(k) for k in ("priority", "trace", "partition")}
         for name in ("since", "until"):
-            filters[name] = _moment(options.get(name), name)
+            filters[name] = parse_moment(options.get(name), name)
 
         if limit < 1:
             raise CommandError(f"--limit must be >= 1; got {limit}.")
@@ -132,12 +134,21 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        head = ["id", "task", "queue", "state", "attempts", "enqueued"]
+        head = ["id", "task", "queue", "state", "priority", "attempts", "enqueued", "runs at"]
         body = [
-            [str(j.id), j.task_path, j.queue, j.state, f"{j.attempts}/{j.max_attempts}", j.enqueued_at.isoformat()]
+            [
+                str(j.id),
+                j.task_path,
+                j.queue,
+                j.state,
+                str(j.priority),
+                f"{j.attempts}/{j.max_attempts}",
+                moment(j.enqueued_at),
+                moment(j.available_at) if j.state == JobState.DELAYED else "",
+            ]
             for j in jobs
         ]
-        self.stdout.write(_table(head, body) if body else "No jobs match.")
+        self.stdout.write(table(head, body) if body else "No jobs match.")
 
     def do_show(self, job_id: str, **_: Any) -> None:
         found = job_detail(using=self.using, job_id=job_id)
@@ -149,9 +160,13 @@ class Command(BaseCommand):
             f"task        {job.task_path}",
             f"queue       {job.queue}" + (f"  partition {job.partition_key}" if job.partition_key else ""),
             f"state       {job.state}  attempts {job.attempts}/{job.max_attempts}  priority {job.priority}",
-            f"enqueued    {job.enqueued_at.isoformat()}",
-            f"started     {job.started_at.isoformat() if job.started_at else '-'}",
-            f"finished    {job.finished_at.isoformat() if job.finished_at else '-'}",
+            f"enqueued    {moment(job.enqueued_at)}",
+        ]
+        if job.state == JobState.DELAYED:  # a delay or a retry's backoff: when the promoter frees it
+            lines.append(f"runs at     {moment(job.available_at)} ({due(job.available_at, timezone.now())})")
+        lines += [
+            f"started     {moment(job.started_at)}",
+            f"finished    {moment(job.finished_at)}",
             f"args        {json.dumps(job.args)}",
             f"kwargs      {json.dumps(job.kwargs)}",
             f"result      {json.dumps(job.return_value)}",
@@ -162,7 +177,7 @@ class Command(BaseCommand):
             lines += ["", f"error (attempt {error.get('attempt', '?')}): {error.get('exception_class_path')}"]
             lines += ["  " + line for line in str(error.get("traceback", "")).rstrip().splitlines()]
         if logs:
-            lines += ["", "log:"] + [f"  {log.created_at.isoformat()}  {log.line}" for log in logs]
+            lines += ["", "log:"] + [f"  {moment(log.created_at)}  {log.line}" for log in logs]
         self.stdout.write("\n".join(lines))
 
     # -- actions ----------------------------------------------------------------------------------
@@ -214,33 +229,3 @@ class Command(BaseCommand):
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
             f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
         )
-
-
-def _table(head: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``2h04m``, ``3d02h``."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
-
-
-def _moment(value: str | None, name: str) -> Any:
-    """An ISO 8601 time from the command line (naive: UTC), or a CommandError saying how."""
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise CommandError(f"--{name} must be an ISO 8601 time such as 2026-11-30T06:00; got {value!r}.") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
