@@ -150,3 +150,21 @@ def test_list_shows_priority_and_the_run_at_of_delayed_jobs_in_the_same_format_a
     assert f"enqueued    {utc(enqueued)}" in jobs("show", waiting.id), "one format in list and show"
     with timezone.override("Asia/Kolkata"):
         assert rows(jobs("list", "--state", "delayed"))[0]["runs at"] == "2031-01-15 11:30:03 IST"
+
+
+@pytest.mark.django_db
+def test_djangos_common_options_are_taken_after_every_subcommand_as_before_it():
+    assert jobs("pause", "emails") == "Queue 'emails' paused: running jobs finish, no new one starts.\n"
+    assert jobs("resume", "emails", "-v", "0") == "", "-v 0 leaves out the confirmation"
+    assert jobs("-v", "0", "pause", "emails") == "", "and the subcommand keeps what was given before it"
+    assert jobs("resume", "emails", "--verbosity", "1") == "Queue 'emails' resumed.\n"
+    waiting = tasks.noop.enqueue()
+    assert jobs("cancel", waiting.id, "-v", "0") == "" and Job.objects.get(id=waiting.id).state == "cancelled"
+    for action in (["status"], ["list"], ["show", waiting.id], ["retry", waiting.id], ["pause", "q"], ["prune"]):
+        jobs(*action, "--traceback", "--no-color", "--skip-checks", "--settings", "tests.settings", "--pythonpath", ".")
+    with pytest.raises(CommandError, match="--no-color and --force-color options can't be used together"):
+        jobs("--force-color", "list", "--no-color")
+    with pytest.raises(CommandError, match="argument -v/--verbosity: invalid choice"):
+        jobs("status", "-v", "7")
+    with pytest.raises(CommandError, match="unrecognized arguments: --nope"):
+        jobs("status", "--nope")

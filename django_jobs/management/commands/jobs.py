@@ -4,6 +4,7 @@ from :mod:`django_jobs.console` and what it changes goes through :mod:`django_jo
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from typing import Any
@@ -26,6 +27,21 @@ from ..text import due, duration, moment, parse_moment, table
 
 class Command(BaseCommand):
     help = "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune."
+
+    # Django gives its common options (-v, --settings, --pythonpath, --traceback, --no-color,
+    # --force-color, --skip-checks) to the top-level parser only, which refuses them after a
+    # subcommand ("jobs status -v 0"). The command notes them as Django adds them and hands each
+    # subcommand the same options.
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        self._common_options: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        if self.requires_system_checks:  # create_parser adds it with parser.add_argument
+            self._common_options.append((("--skip-checks",), {"action": "store_true", "help": "Skip system checks."}))
+        return super().create_parser(prog_name, subcommand, **kwargs)
+
+    def add_base_argument(self, parser: Any, *args: Any, **kwargs: Any) -> None:
+        super().add_base_argument(parser, *args, **kwargs)
+        self._common_options.append((args, kwargs))
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
@@ -59,6 +75,12 @@ class Command(BaseCommand):
             default=60.0,
             help="Stop after about this long (default 60); run again to go on.",
         )
+        # No default on a subcommand's copy: argparse writes every value a subparser holds over
+        # the top level's, so a default there would undo "jobs -v 0 status". Given after the
+        # subcommand, an option wins; not given, the value before it (or Django's default) stays.
+        for subparser in sub.choices.values():
+            for flags, kwargs in self._common_options:
+                subparser.add_argument(*flags, **{**kwargs, "default": argparse.SUPPRESS})
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = options["backend"]
@@ -67,6 +89,7 @@ class Command(BaseCommand):
         except Exception as exc:  # noqa: BLE001 - an unknown alias or a non-jobs backend
             raise CommandError(f"--backend {backend!r} is not a django-jobs backend in TASKS ({exc}).") from None
         self.backend = backend
+        self.verbosity = options["verbosity"]
         getattr(self, "do_" + options["action"])(**options)
 
     # -- views ------------------------------------------------------------------------------------
@@ -114,7 +137,7 @@ class Command(BaseCommand):
         workers = board.workers.rows
         lines.append(f"{len(workers)} worker(s):" if workers else "No live workers.")
         for w in workers:
-            stale = "  STALE" if w.stale else ""
+            stale = "  " + self.style.WARNING("STALE") if w.stale else ""
             lines.append(
                 f"  {w.hostname} pid {w.pid}  queues {','.join(w.queues) or '*'}  concurrency {w.concurrency}  "
                 f"running {w.running}  heartbeat {duration(w.heartbeat_age.total_seconds())} ago{stale}"
@@ -174,7 +197,8 @@ class Command(BaseCommand):
             f"trace       {job.trace_id or '-'}   parent {job.parent_id or '-'}",
         ]
         for error in job.errors:
-            lines += ["", f"error (attempt {error.get('attempt', '?')}): {error.get('exception_class_path')}"]
+            heading = f"error (attempt {error.get('attempt', '?')}): {error.get('exception_class_path')}"
+            lines += ["", self.style.ERROR(heading)]
             lines += ["  " + line for line in str(error.get("traceback", "")).rstrip().splitlines()]
         if logs:
             lines += ["", "log:"] + [f"  {moment(log.created_at)}  {log.line}" for log in logs]
@@ -197,17 +221,22 @@ class Command(BaseCommand):
                 failed.append(job_id)
                 self.stderr.write(f"{job_id}: {exc}")
                 continue
-            self.stdout.write(f"{job_id}: {done}")
+            self._done(f"{job_id}: {done}")
         if failed:
             raise CommandError(f"{len(failed)} of {len(job_ids)} job(s) failed to {verb}: {', '.join(failed)}.")
 
     def do_pause(self, queue: str, **_: Any) -> None:
         self._queue(queue).pause()
-        self.stdout.write(f"Queue {queue!r} paused: running jobs finish, no new one starts.")
+        self._done(f"Queue {queue!r} paused: running jobs finish, no new one starts.")
 
     def do_resume(self, queue: str, **_: Any) -> None:
         self._queue(queue).resume()
-        self.stdout.write(f"Queue {queue!r} resumed.")
+        self._done(f"Queue {queue!r} resumed.")
+
+    def _done(self, message: str) -> None:
+        """Say what an action did, unless ``-v 0`` asked for errors only."""
+        if self.verbosity > 0:
+            self.stdout.write(message)
 
     def _queue(self, name: str) -> Any:
         try:
@@ -225,7 +254,7 @@ class Command(BaseCommand):
         pruner = Pruner(using=self.using, settings=settings, interval=settings.PRUNE_INTERVAL, backend=self.backend)
         pruner.budget = max_seconds
         counts = pruner.run_once()
-        self.stdout.write(
+        self._done(
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
             f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
         )
