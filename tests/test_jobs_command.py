@@ -168,3 +168,10 @@ def test_djangos_common_options_are_taken_after_every_subcommand_as_before_it():
         jobs("status", "-v", "7")
     with pytest.raises(CommandError, match="unrecognized arguments: --nope"):
         jobs("status", "--nope")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_status_watch_refuses_an_interval_that_is_not_a_positive_number_of_seconds(seconds):
+    with pytest.raises(CommandError, match=r"--watch must be a number of seconds > 0; got"):
+        jobs("status", "--watch", seconds)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,7 +24,7 @@ from ...console import dashboard, job_detail, list_jobs
 from ...exceptions import JobsError
 from ...services import Pruner
 from ...states import JobState
-from ..text import due, duration, moment, parse_moment, table
+from ..text import ANSI_REDRAW, due, duration, moment, parse_moment, table
 
 
 class Command(BaseCommand):
@@ -95,20 +97,30 @@ class Command(BaseCommand):
     # -- views ------------------------------------------------------------------------------------
 
     def do_status(self, watch: float | None = None, **_: Any) -> None:
-        if watch is not None and watch <= 0:
-            raise CommandError(f"--watch must be > 0 seconds; got {watch}.")
-        while True:
-            self.stdout.write(self._status_table())
-            if watch is None:
-                return
-            try:
+        if watch is None:
+            self.stdout.write(self._status_table(timezone.now()))
+            return
+        if not math.isfinite(watch) or watch <= 0:
+            raise CommandError(f"--watch must be a number of seconds > 0; got {watch}.")
+        # A terminal gets each snapshot drawn over the last (cursor home, clear screen: no
+        # curses); a pipe or a file gets them one after the other, each under a line with its time.
+        redraw = self.stdout.isatty()
+        try:
+            while True:
+                now = timezone.now()
+                snapshot = self._status_table(now)
+                header = f"jobs status, refreshed {moment(now)} (every {watch:g}s, Ctrl-C to stop)"
+                if redraw:
+                    self.stdout.write(f"{ANSI_REDRAW}{header}\n\n{snapshot}")
+                else:
+                    self.stdout.write(f"{header}\n{snapshot}\n\n")
+                self.stdout.flush()
                 time.sleep(watch)
-            except KeyboardInterrupt:
-                return
-            self.stdout.write("")
+        except KeyboardInterrupt:  # Ctrl-C, while it sleeps or while it reads
+            return
 
-    def _status_table(self) -> str:
-        board = dashboard(using=self.using, backend=self.backend)
+    def _status_table(self, now: datetime) -> str:
+        board = dashboard(using=self.using, backend=self.backend, now=now)
         head = ["queue", "waiting", "delayed", "active", "waiting-children", "done/1h", "failed/1h", "jobs/min",
                 "avg run", "oldest wait", "paused", "concurrency", "rate", "max size"]  # fmt: skip
         body = []
