@@ -113,7 +113,9 @@ TRAPS = {
     "notify": b"SELECT pg_notify(",  # notify(): the wake-up after an outcome batch freed a partition
 }
 
-SUMMARY = re.compile(r"(\d+) jobs processed in [\d.]+s \([\d.]+/s\): (\d+) completed, (\d+) failed, (\d+) retried")
+SUMMARY = re.compile(
+    r"(\d+) jobs? finished in [\d.]+s: (\d+) completed, (\d+) failed[^;]*; \d+ attempts? \([\d.]+/s\), (\d+) retried"
+)
 DROPPED = re.compile(r"Dropped the (\w+) outcome of job ([0-9a-f-]{36})")
 SWEPT = re.compile(r"partition_sweeper: \{'unblocked': (\d+)\}")
 

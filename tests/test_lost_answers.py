@@ -44,7 +44,9 @@ NOTIFY = b"SELECT pg_notify("  # notify(): the wake-up after an outcome batch fr
 RELEASE = b"THEN 'waiting' ELSE 'cancelled'"  # release_jobs
 CANCEL_FLAG = b'SET "cancel_requested_at" = '  # cancel_job on a running job (the ORM's UPDATE)
 
-SUMMARY = re.compile(r"(\d+) jobs processed in [\d.]+s \([\d.]+/s\): (\d+) completed, (\d+) failed, (\d+) retried")
+SUMMARY = re.compile(
+    r"(\d+) jobs? finished in [\d.]+s: (\d+) completed, (\d+) failed[^;]*; \d+ attempts? \([\d.]+/s\), (\d+) retried"
+)
 
 
 @pytest.fixture
@@ -106,7 +108,7 @@ def run_until_exit(proc: subprocess.Popen, watch: ActiveWatch, timeout: float) -
 
 
 def summary_counts(log: str) -> tuple[int, ...] | None:
-    """(processed, completed, failed, retried) from the worker's last stop summary."""
+    """(finished, completed, failed, retried) from the worker's last stop summary."""
     found = SUMMARY.findall(log)
     return tuple(int(n) for n in found[-1]) if found else None
 
@@ -250,7 +252,7 @@ def run_partitions_losing(
     counts = summary_counts(log)
     if counts is None or counts[:2] != (len(ids), len(ids)):
         problems.append(
-            f"the stop summary (processed, completed, failed, retried) is {counts}, not {len(ids)} completed"
+            f"the stop summary (finished, completed, failed, retried) is {counts}, not {len(ids)} completed"
         )
     finished = Counter(r["id"] for r in records if r.get("event") == "task_finished")
     if wrong := {str(j): finished[str(j)] for j in ids.values() if finished[str(j)] != 1}:

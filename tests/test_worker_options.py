@@ -149,4 +149,4 @@ def test_runworker_runs_with_values_at_the_bounds_and_the_worker_id_given(runwor
     finally:
         worker_started.disconnect(on_started)
     assert seen == ["web 1 (blue)"]
-    assert "0 jobs processed" in out
+    assert "0 jobs finished" in out

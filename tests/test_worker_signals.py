@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 #: Rounds of two SIGTERMs, the gap between them spread over 0-5 ms so some second signal lands
 #: while the first one's handler runs.
 GAPS = [i * 0.005 / 9 for i in range(10)]
-SUMMARY_RE = re.compile(r"^(\[process \d\] )?\d+ jobs processed in [\d.]+s \([\d.]+/s\): \d+ completed", re.M)
+SUMMARY_RE = re.compile(r"^(\[process \d\] )?\d+ jobs? finished in [\d.]+s: \d+ completed", re.M)
 
 
 def completed(queue: str) -> int:

@@ -51,7 +51,8 @@ class Service:
         self._next = now + self.interval * random.uniform(0.8, 1.2)
         counts = self.run_once()
         if any(counts.values()):
-            logger.info("%s: %s", self.name, counts)
+            # An internal step: the job lines and the service_ran signal say what it meant.
+            logger.debug("%s: %s", self.name, counts)
         for receiver, response in service_ran.send_robust(
             sender=type(self), service=self.name, counts=counts, worker_id=self.worker_id
         ):

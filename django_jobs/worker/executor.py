@@ -223,7 +223,7 @@ class Executor:
         try:
             task = self._task_for(job)
         except TaskNotFound as exc:
-            logger.error("Job %s failed: %s", job.id, exc)
+            logger.debug("Job %s failed: %s", job.id, exc)  # its outcome line says so (outcome_log)
             if not attempt.settle():
                 return None
             return outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
@@ -382,27 +382,28 @@ class Executor:
             "job": job,
             "exc": exc,
         }
+        # The lines here are DEBUG: the worker logs each outcome once it is stored (outcome_log).
         if isinstance(exc, Snooze):
             # Not a failed attempt: the attempt (and its worker id) are taken back.
-            logger.info("Job %s snoozed for %.2fs", job.id, exc.seconds)
+            logger.debug("Job %s snoozed for %.2fs", job.id, exc.seconds)
             return Outcome(**ids, state=JobState.DELAYED, uncount_attempt=True,
                            available_at=timezone.now() + timedelta(seconds=exc.seconds))  # fmt: skip
         recorded = exc.error if isinstance(exc, (Fail, Retry)) and exc.error is not None else exc
         error = error_record(recorded, job.attempts)
         if isinstance(exc, Fail):
-            logger.info("Job %s failed by the task on attempt %d: %s", job.id, job.attempts, exc)
+            logger.debug("Job %s failed by the task on attempt %d: %s", job.id, job.attempts, exc)
             return Outcome(**ids, state=JobState.FAILED, error=error)
         if job.attempts >= job.max_attempts:
-            logger.info("Job %s failed for good on attempt %d/%d: %r", job.id, job.attempts, job.max_attempts, exc)
+            logger.debug("Job %s failed for good on attempt %d/%d: %r", job.id, job.attempts, job.max_attempts, exc)
             return Outcome(**ids, state=JobState.FAILED, error=error)
         if isinstance(exc, Retry) and exc.delay is not None:
             delay: float | None = float(exc.delay)
         else:
             delay = self._backoff(job, recorded)
         if delay is None:
-            logger.info("Job %s: its backoff stopped the retries after attempt %d.", job.id, job.attempts)
+            logger.debug("Job %s: its backoff stopped the retries after attempt %d.", job.id, job.attempts)
             return Outcome(**ids, state=JobState.FAILED, error=error)
-        logger.info(
+        logger.debug(
             "Job %s attempt %d/%d failed (%r); retrying in %.2fs", job.id, job.attempts, job.max_attempts, exc, delay
         )
         if delay <= 0:

@@ -148,7 +148,7 @@ class Children:
                 break
             if attempt.cancelled.is_set():
                 child.kill()
-                logger.info("Job %s was cancelled; killed its child process.", job.id)
+                logger.debug("Job %s was cancelled; killed its child process.", job.id)
                 return self._executor.give_up(attempt, JobCancelled(f"Job {job.id} was cancelled while it ran; its "
                                                                     "child process was killed.")), None  # fmt: skip
             if attempt.deadline is not None and time.monotonic() >= attempt.deadline:

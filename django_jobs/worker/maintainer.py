@@ -94,7 +94,11 @@ class Maintainer:
         if declared_schedules(self.backend):
             counts = sync_schedules(self.backend)
             if any(counts.values()):
-                logger.info("Worker %s synced schedules: %s", self.worker_id, counts)
+                logger.info(
+                    "Worker %s synced the declared schedules: %s.",
+                    self.worker_id,
+                    ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in counts.items() if n),
+                )
 
     def run(self) -> None:
         """The maintainer thread."""

@@ -59,6 +59,7 @@ from .options import (
     default_worker_id,
     require_seconds,
 )
+from .outcome_log import log_outcome
 from .producer import Producer
 from .stats import WorkerStats
 from .stop_signals import StopRequests, install_stop_handler, signal_relay
@@ -69,7 +70,6 @@ from .watchdog import Watchdog
 __all__ = ["DEFAULT_PREFETCH", "MAX_WAIT_SECONDS", "InvalidWorkerOption", "Worker", "WorkerStats"]
 
 logger = logging.getLogger("django_jobs.worker")
-job_logger = logging.getLogger("django_jobs.worker.jobs")
 
 
 class Worker:
@@ -279,7 +279,6 @@ class Worker:
     # -- executors --------------------------------------------------------------------------------
 
     def _execute_loop(self) -> None:
-        verbose = job_logger.isEnabledFor(logging.INFO)
         child: ChildProcess | None = None
         try:
             while True:
@@ -314,16 +313,6 @@ class Worker:
                     # The watchdog gave this attempt up, recorded it, freed its slot and started
                     # a new executor thread in this one's place.
                     return
-                if verbose:
-                    job_logger.info(
-                        "%s %s %s attempt %d/%d in %.1f ms",
-                        job.id,
-                        job.task_path,
-                        outcome.state,
-                        job.attempts,
-                        job.max_attempts,
-                        took * 1000,
-                    )
                 self._producer.finish(outcome)
         finally:
             if child is not None:
@@ -348,7 +337,7 @@ class Worker:
             self._wake.set()
 
     def _signal_written(self, o: engine.Outcome, state: str) -> None:
-        """Count one stored outcome and send its signals, ``task_finished`` first."""
+        """Count and log one stored outcome and send its signals, ``task_finished`` first."""
         if state == JobState.COMPLETED:
             self.stats.completed += 1
         elif state == JobState.FAILED:
@@ -359,6 +348,7 @@ class Worker:
             self.stats.snoozed += 1
         else:
             self.stats.retried += 1
+        log_outcome(o, state)
         self._executor.send_finished(o, state)
         if state in (JobState.COMPLETED, JobState.FAILED):
             return
@@ -436,7 +426,8 @@ class Worker:
         self.stats.stopped_at = time.monotonic()
         self.stats.outcome_window = self._completer.window.summary()
         close_connection(self.using)
-        logger.info("Worker %s stopped: %s", self.worker_id, self.stats.summary())
+        # The summary is run()'s to return (runworker prints it once, on stdout), not to log too.
+        logger.info("Worker %s stopped.", self.worker_id)
 
     def _release_all(self) -> int:
         """Hand every job still ours back (shutdown). A release whose answer is lost may have

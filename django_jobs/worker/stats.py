@@ -24,7 +24,13 @@ class WorkerStats:
 
     @property
     def processed(self) -> int:
+        """Attempts whose outcome was written (a retried job counts once per attempt)."""
         return self.completed + self.failed + self.retried + self.snoozed + self.cancelled
+
+    @property
+    def finished(self) -> int:
+        """Jobs that ended: completed, failed for good or cancelled."""
+        return self.completed + self.failed + self.cancelled
 
     @property
     def elapsed(self) -> float:
@@ -32,15 +38,28 @@ class WorkerStats:
 
     @property
     def rate(self) -> float:
+        """Attempts per second."""
         return self.processed / self.elapsed if self.elapsed > 0 else 0.0
 
     def summary(self) -> str:
-        return (
-            f"{self.processed} jobs processed in {self.elapsed:.1f}s ({self.rate:.1f}/s): "
-            f"{self.completed} completed, {self.failed} failed, {self.retried} retried"
-            + "".join(
-                f", {getattr(self, name)} {name.replace('_', ' ')}"
-                for name in ("snoozed", "cancelled", "timed_out", "released")
-                if getattr(self, name)
-            )
+        """``5 jobs finished in 3.0s: 4 completed, 1 failed; 7 attempts (2.3/s), 2 retried``:
+        jobs that ended, then every attempt (retries and snoozes run a job again). Cancelled,
+        snoozed, timed out and released are added when not zero."""
+        jobs = f"{self.completed} completed, {self.failed} failed" + (
+            f", {self.cancelled} cancelled" if self.cancelled else ""
         )
+        attempts = f"{self.retried} retried" + "".join(
+            f", {getattr(self, name)} {name.replace('_', ' ')}"
+            for name in ("snoozed", "timed_out")
+            if getattr(self, name)
+        )
+        released = f"; {plural(self.released, 'job')} released" if self.released else ""
+        return (
+            f"{plural(self.finished, 'job')} finished in {self.elapsed:.1f}s: {jobs}; "
+            f"{plural(self.processed, 'attempt')} ({self.rate:.1f}/s), {attempts}{released}"
+        )
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``, ``0 jobs``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -98,7 +98,7 @@ class Watchdog:
         coroutines are cancelled, child processes killed)."""
         attempt = self._attempts.get(job_id)  # None: another worker's job, or already ended
         if attempt is not None and not attempt.cancelled.is_set():
-            logger.info("Job %s was cancelled while running.", job_id)
+            logger.debug("Job %s was cancelled while running.", job_id)
             attempt.cancel()
 
     def poll_cancels(self) -> None:

@@ -21,8 +21,8 @@ def flaky(context, name: str) -> str:
 
 
 @task(queue_name="reports")
-def slow_report(title: str) -> dict:
-    """Enqueued with run_after a few seconds ahead."""
+def delayed_report(title: str) -> dict:
+    """Enqueued with run_after 3 seconds ahead: it waits, delayed, until then."""
     return {"title": title, "pages": 3}
 
 
@@ -39,4 +39,4 @@ async def ping(host: str) -> str:
     return f"pong from {host}"
 
 
-__all__ = ["add", "flaky", "slow_report", "broken", "ping", "cache"]
+__all__ = ["add", "flaky", "delayed_report", "broken", "ping", "cache"]

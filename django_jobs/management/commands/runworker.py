@@ -168,20 +168,18 @@ class Command(BaseCommand):
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             logger.addHandler(handler)
         logger.setLevel(logging.WARNING if verbosity < 1 else logging.INFO if verbosity < 3 else logging.DEBUG)
-        logging.getLogger("django_jobs.worker.jobs").setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)
         if _default_task_logging():
-            # Django's own receivers log every task start and finish at INFO on "django.tasks".
-            # Its default configuration shows them only with DEBUG on, yet each record was built
-            # and then filtered, about a tenth of the worker's CPU per short job; -v 2 prints our
-            # own line per attempt. Failures (ERROR) still go through.
-            logging.getLogger("django.tasks").setLevel(logging.WARNING)
+            # Django's own receivers log every task start and finish on "django.tasks" (INFO, a
+            # failure at ERROR with its traceback), the same facts as our line per outcome
+            # (django_jobs.worker.jobs): printed twice, with a traceback per failed attempt at
+            # every -v. Off, too, no record is built, about a tenth of a short job's CPU.
+            logging.getLogger("django.tasks").setLevel(logging.CRITICAL + 1)
 
 
 def _default_task_logging() -> bool:
-    """True unless the project configures the logging of "django.tasks": in LOGGING, through
-    that logger, "django", or the root logger, or with a LOGGING_CONFIG of its own."""
+    """True unless the project configures "django.tasks" itself: LOGGING names that logger, or
+    LOGGING_CONFIG is the project's own."""
     if getattr(settings, "LOGGING_CONFIG", "logging.config.dictConfig") != "logging.config.dictConfig":
         return False
     config = getattr(settings, "LOGGING", None) or {}
-    loggers = config.get("loggers") or {}
-    return not ("root" in config or any(name in loggers for name in ("django.tasks", "django", "")))
+    return "django.tasks" not in (config.get("loggers") or {})
