@@ -393,7 +393,7 @@ def test_job_page_shows_arguments_result_errors_log_and_timeline_and_its_buttons
     assert traceback.is_visible() and "Traceback (most recent call last)" in traceback.inner_text()
     log = page.locator("#logs pre").inner_text()
     assert "attempt 1: working on order 42" in log and "attempt 2: working on order 42" in log
-    kinds = page.locator("#timeline tbody tr td:first-child").all_inner_texts()
+    kinds = page.locator("#timeline tbody tr td:nth-child(2)").all_inner_texts()
     assert kinds[0] == "enqueued" and "active" in kinds and kinds[-1] == "failed", kinds
     assert page.locator(".dj-progress progress").get_attribute("value") == "75.0"
     screenshot(page, "job")
@@ -462,6 +462,42 @@ def test_schedule_list_and_form_preview_five_runs_and_run_now_enqueues_a_job(pag
     with page.expect_navigation():
         page.click(f'ul.messagelist a[href*="{job.pk}"]')
     assert urlsplit(page.url).path == job_page(job.pk)
+
+
+def overflowing(page) -> list[str]:
+    """The header cells of the page's result list whose right edge passes the edge of the
+    list's area (or the window's), or whose text is cut (wider than the cell shows)."""
+    return page.evaluate(
+        """() => {
+            const table = document.querySelector('#result_list');
+            const box = table.parentElement.getBoundingClientRect();  // the list's own area
+            const right = Math.min(box.right, document.documentElement.clientWidth);
+            return [...table.querySelectorAll('thead th')]
+                .filter(th => th.getBoundingClientRect().right > right + 1 || th.scrollWidth > th.clientWidth + 1)
+                .map(th => th.innerText.trim() || th.className);
+        }"""
+    )
+
+
+def test_the_jobs_and_schedules_lists_fit_1280_pixels_with_the_sidebar_open(page):
+    data = seed()
+    django_jobs.schedule("nightly report with a long name", tasks.add, cron="0 3 * * *", args=[1, 2], timezone="Europe/Paris")
+    superuser(page)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(JOBS)
+    assert page.locator("#nav-sidebar").is_visible(), "the sidebar is open"
+    assert overflowing(page) == [], "every column inside the window"
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    failed_row = page.locator("#result_list tbody tr", has=page.locator(f'input[value="{data["failed"][0]}"]'))
+    assert "ValueError: bad 0" in failed_row.inner_text(), "a failed job shows its error in the list"
+    delayed_row = page.locator("#result_list tbody tr", has=page.locator(f'input[value="{data["delayed"][0]}"]'))
+    assert re.search(r"runs at \d{4}-\d\d-\d\d\s+\d\d:\d\d:\d\d UTC", delayed_row.inner_text())
+    screenshot(page, "jobs-1280")
+    page.goto(SCHEDULES)
+    assert overflowing(page) == [], "every column inside the window"
+    row = page.locator("#result_list tbody tr", has_text="nightly report").inner_text()
+    assert re.search(r"\d\d:\d\d:\d\d CES?T", row) and "Europe/Paris" in row, "the next run in its zone, named"
+    assert re.search(r"\d\d:\d\d:\d\d UTC", row), "and in UTC"
 
 
 # -- permissions ----------------------------------------------------------------------------------

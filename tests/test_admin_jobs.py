@@ -15,6 +15,7 @@ from django.db import connection
 from django.tasks import task
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import django_jobs
 from django_jobs import engine, schedules
@@ -771,3 +772,49 @@ def test_delete_asks_first_on_the_list_and_on_the_job_page(admin_client):
     assert Job.objects.filter(id=other.id).exists(), "GET only asks"
     admin_client.post(f"{CHANGELIST}{other.id}/delete/")
     assert not Job.objects.exists()
+
+
+# -- the list and the page read at a glance (issue 15) ---------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_list_shows_a_failed_jobs_error_a_delayed_jobs_run_at_and_times_to_the_second(admin_client):
+    failed = failed_job("no such customer 42")
+    later = timezone.now() + timedelta(hours=3)
+    delayed = tasks.noop.using(run_after=later).enqueue()
+    body = page(admin_client)
+    rows = {m.group(1): m.group(0) for m in re.finditer(r'<tr>.*?value="([0-9a-f-]{36})".*?</tr>', body, re.S)}
+    assert "builtins.ValueError" not in rows[failed.id], "the class's name, not its path"
+    assert "ValueError: no such customer 42" in rows[failed.id]
+    assert re.search(r"finished</span> \d{4}-\d\d-\d\d<br>\d\d:\d\d:\d\d UTC", rows[failed.id])
+    assert f"runs at</span> {timezone.localtime(later):%Y-%m-%d<br>%H:%M:%S} UTC" in rows[delayed.id]
+    assert f'title="{delayed.id}">…{delayed.id[-8:]}<' in rows[delayed.id], "a short id, the whole one in its title"
+    assert "priority (of unfinished jobs)" in body, "the filter says which priorities it offers"
+
+
+@pytest.mark.django_db
+def test_the_timeline_orders_a_retry_inside_one_second_to_the_millisecond_and_summarises_each_event(admin_client):
+    result = logs_then_fails.enqueue("x")  # two attempts, backoff 0: inside one second
+    drain_queue()
+    body = page(admin_client, f"{CHANGELIST}{result.id}/change/")
+    timeline = body.split('id="timeline"')[1]
+    times = re.findall(r'<td class="dj-time">(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC</td>', timeline)
+    assert len(times) >= 4 and times == sorted(times), times  # (enqueued,) active, retried, active, failed
+    assert "attempt 1, on " in timeline and "error builtins.ValueError" in timeline
+    assert "<summary>raw event</summary>" in timeline, "the raw JSON behind a toggle"
+    head = body.split('id="timeline"')[0]
+    assert not re.search(r"\d\d:\d\d(?!:)\b(?! UTC)", re.sub(r"\d\d:\d\d:\d\d(\.\d{3})? UTC", "", head)), (
+        "every time of the page in one format, to the second, with its zone"
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("progress", "percent"),
+    [({"done": 3, "total": 4}, "75.0"), ({"current": 1, "total": 4}, "25.0"), ({"percent": 40}, "40.0"), (60, "60.0")],
+)
+def test_every_documented_progress_shape_draws_a_bar(admin_client, progress, percent):
+    job_id = tasks.noop.enqueue().id
+    Job.objects.filter(pk=job_id).update(progress=progress)
+    body = page(admin_client, f"{CHANGELIST}{job_id}/change/")
+    assert f'<progress max="100" value="{percent}">' in body

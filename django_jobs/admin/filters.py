@@ -137,7 +137,9 @@ class TaskFilter(_ValueFilter):
 
 
 class PriorityFilter(_ValueFilter):
-    title = "priority"
+    # The choices are the priorities of unfinished jobs (django_jobs_unfinished_idx): reading
+    # every finished job's would scan the history. The title says so.
+    title = "priority (of unfinished jobs)"
     parameter_name = "priority"
     field = "priority"
 

@@ -24,7 +24,8 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseBadRequest, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import re_path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from .. import engine
 from ..models import Event, Job, JobDependency, JobLog
@@ -40,7 +41,7 @@ from .filters import (
     range_filters,
     search_jobs,
 )
-from .utils import database, error_rows, parse_uuid, pretty, progress_percent, state_class
+from .utils import database, error_rows, last_error, moment, parse_uuid, pretty, progress_percent, state_class
 
 #: Jobs an action reads (and hands to the engine) per batch, walking its selection by keyset on
 #: the primary key: a "select all" may cover millions of rows.
@@ -73,21 +74,25 @@ JOB_ACTIONS = {"retry_jobs": "retry", "cancel_jobs": "cancel", "run_jobs_now": "
 BUTTON_PERMISSIONS = {"retry": "retry", "cancel": "cancel", "run-now": "run_now", "delete": "delete"}
 
 
+#: What the changelist's "when" column shows per state: (label, Job field).
+_WHEN = {
+    JobState.WAITING: ("enqueued", "enqueued_at"),
+    JobState.WAITING_CHILDREN: ("enqueued", "enqueued_at"),
+    JobState.DELAYED: ("runs at", "available_at"),
+    JobState.ACTIVE: ("started", "last_attempted_at"),
+}
+#: Characters of a last error shown in the changelist (the whole line in its title).
+ERROR_SHOWN = 60
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     change_list_template = "django_jobs/admin/job/change_list.html"
-    list_display = (
-        "id",
-        "task_path",
-        "queue",
-        "state_badge",
-        "priority",
-        "attempts_display",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-    )
-    list_display_links = ("id",)
+    # Fits 1280 px with the sidebar open: the id shortened (the whole one in its title and on
+    # the job page), one "when" column saying which time it shows, the last error of a job
+    # that has one.
+    list_display = ("short_id", "task", "queue", "state_badge", "priority_display", "attempts_display", "when")
+    list_display_links = ("short_id",)
     list_filter = (StateFilter, QueueFilter, TaskFilter, PriorityFilter, TraceFilter)
     # Only the primary key is sortable: it is the one order an index serves on any filter.
     sortable_by = ("id",)
@@ -160,9 +165,35 @@ class JobAdmin(admin.ModelAdmin):
     def state_badge(self, job):
         return format_html('<span class="dj-state dj-state-{}">{}</span>', state_class(job.state), job.state)
 
-    @admin.display(description="attempts")
+    @admin.display(description="tries")
     def attempts_display(self, job):
         return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="prio")
+    def priority_display(self, job):
+        return job.priority
+
+    @admin.display(description="task")
+    def task(self, job):
+        """The task's path, breakable after its dots, and under it the last error, if any."""
+        path = format_html_join(mark_safe("<wbr>."), "{}", ((part,) for part in job.task_path.split(".")))
+        line = last_error(job.errors)
+        if not line:
+            return path
+        short = line if len(line) <= ERROR_SHOWN else line[: ERROR_SHOWN - 1] + "…"
+        return format_html('{}<div class="dj-error" title="{}">{}</div>', path, line, short)
+
+    @admin.display(description="job", ordering="id")
+    def short_id(self, job):
+        text = str(job.pk)
+        return format_html('<span class="dj-id" title="{}">…{}</span>', text, text[-8:])
+
+    @admin.display(description="when")
+    def when(self, job):
+        """The time that matters in the job's state, to the second, with its label."""
+        label, at = _WHEN.get(job.state, ("finished", "finished_at"))
+        day, _, time = moment(getattr(job, at)).partition(" ")
+        return format_html('<span class="dj-when-label">{}</span> {}<br>{}', label, day, time)
 
     def get_search_results(self, request, queryset, search_term):
         """Exact matches on indexed columns instead of Django's ``icontains`` over every search
@@ -415,6 +446,42 @@ def _id_batches(queryset: Any, size: int | None = None) -> Iterator[list[tuple[u
 # -- what the job page shows --------------------------------------------------------------------
 
 
+#: The state badge an event's kind wears on the timeline.
+_EVENT_STATE = {"enqueued": "waiting", "promoted": "waiting", "rescued": "waiting", "released": "waiting",
+                "retried": "delayed", "snoozed": "delayed", "stalled": "failed", "cancel-requested": "cancelled",
+                "removed": "cancelled"}  # fmt: skip
+
+
+def timeline_row(event: Event) -> dict[str, Any]:
+    """One event of the job page's timeline: its time to the millisecond (a retry sequence
+    inside one second stays in order), its kind, a readable summary (attempt, worker, run time,
+    error, progress) and the raw data behind a toggle."""
+    data = event.data if isinstance(event.data, dict) else {}
+    parts = []
+    if data.get("attempt") is not None:
+        parts.append(f"attempt {data['attempt']}")
+    if data.get("worker"):
+        parts.append(f"on {data['worker']}")
+    if data.get("runtime_ms") is not None:
+        parts.append(f"ran {data['runtime_ms']:,} ms" if isinstance(data["runtime_ms"], int) else "")
+    if data.get("error"):
+        parts.append(f"error {data['error']}")
+    if "progress" in data:
+        percent = progress_percent(data["progress"])
+        parts.append(f"progress {percent:.0f} %" if percent is not None else "progress set")
+    if data.get("manual"):
+        parts.append("by an operator")
+    if data.get("now"):
+        parts.append("run now")
+    return {
+        "event": event,
+        "when": moment(event.created_at, milliseconds=True),
+        "state_class": state_class(_EVENT_STATE.get(event.kind, event.kind)),
+        "summary": ", ".join(p for p in parts if p),
+        "data_json": pretty(event.data) if event.data else "",
+    }
+
+
 def job_page_context(job: Job) -> dict[str, Any]:
     """Everything the job page shows besides the job's own columns, each list capped."""
     using = database()
@@ -467,11 +534,24 @@ def job_page_context(job: Job) -> dict[str, Any]:
         "result_json": None if job.return_value is None else pretty(job.return_value),
         "progress_json": None if job.progress is None else pretty(job.progress),
         "progress_percent": progress_percent(job.progress),
-        "errors": error_rows(job.errors),
-        "log_lines": logs[:LOG_LINES_SHOWN][::-1],
+        "errors": [{**e, "at_text": moment(e["at"])} for e in error_rows(job.errors)],
+        "log_lines": [
+            {"when": moment(line.created_at, milliseconds=True), "line": line.line}
+            for line in logs[:LOG_LINES_SHOWN][::-1]
+        ],  # fmt: skip
+        "times": {
+            "enqueued": moment(job.enqueued_at),
+            "available": moment(job.available_at),
+            "started": moment(job.started_at),
+            "last_attempted": moment(job.last_attempted_at),
+            "finished": moment(job.finished_at),
+            "purge": moment(job.purge_at),
+            "lease_expires": moment(job.lease_expires_at),
+            "cancel_requested": moment(job.cancel_requested_at),
+        },  # fmt: skip
         "logs_truncated": len(logs) > LOG_LINES_SHOWN,
         "log_cap": LOG_LINES_SHOWN,
-        "events": [{"event": e, "data_json": pretty(e.data) if e.data else ""} for e in events[:EVENTS_SHOWN]],
+        "events": [timeline_row(e) for e in events[:EVENTS_SHOWN]],
         "events_truncated": len(events) > EVENTS_SHOWN,
         "enqueue_recorded": any(e.kind == "enqueued" for e in events),
         "event_cap": EVENTS_SHOWN,

@@ -3,6 +3,7 @@ enable and disable them."""
 
 from __future__ import annotations
 
+from datetime import UTC, timedelta
 from typing import Any
 
 from django import forms
@@ -49,7 +50,8 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     form = ScheduleForm
     change_form_template = "django_jobs/admin/schedule/change_form.html"
-    list_display = ("name", "task_path", "when", "timezone", "enabled", "next_run_at", "iterations")
+    # Fits 1280 px with the sidebar open; the next run in the schedule's own time zone, named.
+    list_display = ("name", "task_path", "when", "enabled", "next_run", "runs")
     list_filter = ("enabled", "source", "backend")
     search_fields = ("name", "task_path")
     readonly_fields = ("next_run_at", "iterations", "last_run_at", "source", "code_hash", "edited_at", "synced_at")
@@ -80,10 +82,32 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="cron / every")
     def when(self, sched):
         if sched.cron:
-            return sched.cron
-        if sched.every_seconds is not None:
-            return f"every {sched.every_seconds:g}s" + (f" +{sched.offset_seconds:g}s" if sched.offset_seconds else "")
-        return "-"
+            rule = sched.cron
+        elif sched.every_seconds is not None:
+            rule = f"every {sched.every_seconds:g}s" + (f" +{sched.offset_seconds:g}s" if sched.offset_seconds else "")
+        else:
+            return "-"
+        return format_html('<code>{}</code><br><span class="quiet">{}</span>', rule, sched.timezone)
+
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run(self, sched):
+        """The next run in the schedule's time zone, to the second, the zone named (UTC too when
+        the zone is another)."""
+        if sched.next_run_at is None:
+            return "-"
+        try:
+            local = sched.next_run_at.astimezone(zone(sched.timezone))
+        except Exception:  # noqa: BLE001 - an unknown zone: the stored time in UTC
+            local = sched.next_run_at.astimezone(UTC)
+        text = f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
+        if local.utcoffset() != timedelta(0):
+            utc = sched.next_run_at.astimezone(UTC)
+            return format_html('{}<br><span class="quiet">{} UTC</span>', text, f"{utc:%Y-%m-%d %H:%M:%S}")
+        return text
+
+    @admin.display(description="runs", ordering="iterations")
+    def runs(self, sched):
+        return sched.iterations
 
     def save_model(self, request, obj, form, change):
         timing = {"cron", "every_seconds", "offset_seconds", "timezone", "start_at", "end_at"}

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
+
+from django.utils import timezone
 
 from ..conf import get_settings
 from ..states import JobState
@@ -44,10 +47,47 @@ def progress_percent(value: Any) -> float | None:
     if isinstance(value, dict):
         if number(value.get("percent")) and 0 <= value["percent"] <= 100:
             return float(value["percent"])
-        current, total = value.get("current"), value.get("total")
-        if number(current) and number(total) and total > 0:
-            return max(0.0, min(100.0, 100.0 * current / total))
+        total = value.get("total")
+        for key in PROGRESS_COUNT_KEYS:
+            current = value.get(key)
+            if number(current) and number(total) and total > 0:
+                return max(0.0, min(100.0, 100.0 * current / total))
     return None
+
+
+#: The keys a progress dict may count with, beside ``total`` (docs/reference/task-options.md#progress).
+PROGRESS_COUNT_KEYS = ("current", "done")
+
+
+def moment(value: Any, *, milliseconds: bool = False) -> str:
+    """One format for every time the admin shows: local time (TIME_ZONE) to the second, or the
+    millisecond where order matters (the timeline), with the zone's name; "" for None. Times
+    stored as ISO text (an error's ``at``) are parsed first."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    local = timezone.localtime(value)
+    text = local.strftime("%Y-%m-%d %H:%M:%S")
+    if milliseconds:
+        text += f".{local.microsecond // 1000:03d}"
+    return f"{text} {local.tzname()}"
+
+
+def last_error(errors: Any) -> str:
+    """The newest error as one line: its class's name and message (the traceback's last line)."""
+    rows = error_rows(errors[-1:] if isinstance(errors, list) else [])
+    if not rows:
+        return ""
+    row = rows[0]
+    message = row["message"]
+    name = row["exception"].rsplit(".", 1)[-1]
+    return message if message.startswith(f"{name}:") or message == name else f"{name}: {message}".rstrip(": ")
 
 
 def error_rows(errors: Any) -> list[dict[str, Any]]:
