@@ -4,6 +4,7 @@ from :mod:`django_jobs.console` and what it changes goes through :mod:`django_jo
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from datetime import UTC, datetime
@@ -18,12 +19,16 @@ import django_jobs
 
 from ...conf import get_settings
 from ...console import dashboard, job_detail, list_jobs
-from ...exceptions import JobsError
+from ...exceptions import InvalidHealthOption, JobsError
+from ...health import check_health, health_options, this_host
 from ...services import Pruner
 
 
 class Command(BaseCommand):
-    help = "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune."
+    help = (
+        "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune, "
+        "health."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
@@ -57,13 +62,42 @@ class Command(BaseCommand):
             default=60.0,
             help="Stop after about this long (default 60); run again to go on.",
         )
+        health = sub.add_parser(
+            "health", help="Exit 0 when healthy, 1 when a check fails (one line each on stderr), 2 for a bad option."
+        )
+        health.add_argument("--min-workers", default=1, metavar="N", help="Fresh workers required (default 1).")
+        hosts = health.add_mutually_exclusive_group()
+        hosts.add_argument("--host", metavar="NAME", help="Count the workers of this host (default: this machine).")
+        hosts.add_argument("--any-host", action="store_true", help="Count the workers of every host.")
+        health.add_argument(
+            "--max-wait",
+            action="append",
+            metavar="[QUEUE=]SECONDS",
+            help="Longest wait of a queue's oldest ready job (default 300); QUEUE=SECONDS for one queue; "
+            "'off' for no limit. Repeatable.",
+        )
+        health.add_argument("--max-rescues", metavar="COUNT", help="Most stalled jobs in the window (needs EVENTS).")
+        health.add_argument("--window", metavar="MINUTES", help="The window of --max-rescues (default 15).")
+        health.add_argument("--json", action="store_true", dest="as_json", help="Print the report as JSON.")
+        # Also after the subcommand (`jobs health -v 0`); SUPPRESS keeps a `-v` given before it.
+        health.add_argument(
+            "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=argparse.SUPPRESS, help="0: quiet on success."
+        )
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        if options.get("action") == "health":
+            # A probe runs every few seconds and must stay silent when healthy: no system checks.
+            options["skip_checks"] = True
+        return super().execute(*args, **options)
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = options["backend"]
         try:
             self.using = task_backends[backend].database
         except Exception as exc:  # noqa: BLE001 - an unknown alias or a non-jobs backend
-            raise CommandError(f"--backend {backend!r} is not a django-jobs backend in TASKS ({exc}).") from None
+            raise CommandError(
+                f"--backend {backend!r} is not a django-jobs backend in TASKS ({exc}).", returncode=2
+            ) from None
         self.backend = backend
         getattr(self, "do_" + options["action"])(**options)
 
@@ -214,6 +248,30 @@ class Command(BaseCommand):
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
             f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
         )
+
+    # -- health -----------------------------------------------------------------------------------
+
+    def do_health(self, as_json: bool = False, verbosity: int = 1, **options: Any) -> None:
+        try:
+            thresholds = health_options(
+                min_workers=options["min_workers"],
+                host=None if options["any_host"] else options["host"] or this_host(),
+                max_wait=options["max_wait"] or (),
+                max_rescues=options["max_rescues"],
+                window=options["window"],
+                backend=self.backend,
+            )
+        except InvalidHealthOption as exc:
+            raise CommandError(f"--{exc}", returncode=2) from None
+        report = check_health(thresholds, backend=self.backend)
+        if as_json:
+            self.stdout.write(json.dumps(report.as_json(), indent=2))
+        elif verbosity >= 1:
+            self.stdout.write("\n".join(f"{c.name}: {c.message}" for c in report.checks if c.ok))
+        for line in report.failures:
+            self.stderr.write(line)
+        if not report.ok:
+            raise SystemExit(1)
 
 
 def _table(head: list[str], body: list[list[str]]) -> str:
