@@ -16,7 +16,6 @@ arguments: a report holds counts, ages, queue names and the host name asked for.
 
 from __future__ import annotations
 
-import logging
 import math
 import socket
 from collections.abc import Iterable
@@ -37,8 +36,6 @@ from .models import Event, Job, QueueState, Worker
 from .spec.queues import validate_queue_name
 
 __all__ = ["Check", "Health", "HealthOptions", "check_health", "health_options", "this_host"]
-
-logger = logging.getLogger("django_jobs.health")
 
 #: The defaults of the options (docs/howto/health-checks.md).
 MIN_WORKERS = 1
@@ -154,6 +151,9 @@ class Check:
     ok: bool
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+    #: The database error's own first line, for the command's output and the view's log only:
+    #: it may name hosts and users, so :meth:`Health.as_json` leaves it out.
+    cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class Health:
     @property
     def failures(self) -> list[str]:
         """One line per failed check, naming it and what failed."""
-        return [f"{c.name}: {c.message}" for c in self.checks if not c.ok]
+        return [f"{c.name}: {c.message}" + (f": {c.cause}" if c.cause else "") for c in self.checks if not c.ok]
 
     def as_json(self) -> dict[str, Any]:
         """``{"status": "ok" | "fail", "backend": alias, "checks": {name: {"ok", "message", ...}}}``."""
@@ -197,9 +197,8 @@ def check_health(options: HealthOptions, *, backend: str = "default", now: datet
     try:
         Worker.objects.using(using).order_by().exists()
     except DatabaseError as exc:
-        # The driver's message may name hosts and users: logged, not reported.
-        logger.warning("Health check: database %r of backend %r unreachable: %s", using, backend, exc)
-        return Health(backend, [Check("database", False, f"database {using!r} unreachable ({type(exc).__name__})")])
+        message = f"database {using!r} unreachable ({type(exc).__name__})"
+        return Health(backend, [Check("database", False, message, cause=_first_line(exc))])
     now = now or timezone.now()
     checks = [Check("database", True, f"database {using!r} answers")]
     steps = [_workers, _wait] + ([_rescues] if options.max_rescues is not None else [])
@@ -207,9 +206,13 @@ def check_health(options: HealthOptions, *, backend: str = "default", now: datet
         try:
             checks.append(step(options, using, backend, now))
         except DatabaseError as exc:
-            logger.warning("Health check %s failed to read the database: %s", step.__name__.strip("_"), exc)
-            checks.append(Check(step.__name__.strip("_"), False, f"could not be read ({type(exc).__name__})"))
+            name = step.__name__.strip("_")
+            checks.append(Check(name, False, f"could not be read ({type(exc).__name__})", cause=_first_line(exc)))
     return Health(backend, checks)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:500]
 
 
 def _workers(options: HealthOptions, using: str, backend: str, now: datetime) -> Check:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -14,6 +16,8 @@ from .exceptions import InvalidHealthOption
 from .health import check_health, database_of, health_options
 
 __all__ = ["health"]
+
+logger = logging.getLogger("django_jobs.health")
 
 #: The query parameters :func:`health` reads; any other is a 400 (a typo must not pass silently).
 PARAMETERS = frozenset({"backend", "min_workers", "host", "max_wait", "max_rescues", "window"})
@@ -54,4 +58,7 @@ def health(request: HttpRequest) -> JsonResponse:
         report = check_health(options, backend=backend)
     except InvalidHealthOption as exc:
         return JsonResponse({"status": "error", "error": str(exc)}, status=400)
+    for check in report.checks:
+        if check.cause:  # the database's own message stays in the log: it may name hosts and users
+            logger.warning("Health check %s of backend %r failed: %s", check.name, backend, check.cause)
     return JsonResponse(report.as_json(), status=200 if report.ok else 503)

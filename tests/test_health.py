@@ -96,6 +96,22 @@ def test_healthy_while_a_worker_heartbeats_unhealthy_once_it_is_killed(worker_pr
     assert health_process("--host", "elsewhere", "--min-workers", "0")[0] == 0
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_unreachable_database_fails_the_database_check_alone():
+    # A port nothing listens on (PostgreSQL, MariaDB), a file in a missing directory (SQLite).
+    down = {"PGPORT": "1", "MYSQL_TCP_PORT": "1", "JOBS_TEST_DB_NAME": "/nonexistent/dir/jobs.sqlite3"}
+    done = run_python("-m", "django", "jobs", "health", env=down, timeout=60)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    [line] = done.stderr.splitlines()
+    assert line.startswith("database: database 'default' unreachable (OperationalError): "), line
+    assert done.stdout == ""
+    done = run_python("-m", "django", "jobs", "health", "--json", env=down, timeout=60)
+    assert json.loads(done.stdout)["checks"] == {
+        "database": {"ok": False, "message": "database 'default' unreachable (OperationalError)"}
+    }
+
+
 @pytest.mark.django_db
 def test_an_old_ready_job_fails_the_wait_check_of_its_queue():
     ready_job(400, args=["s3cret-argument"])

@@ -267,7 +267,9 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(json.dumps(report.as_json(), indent=2))
         elif verbosity >= 1:
-            self.stdout.write("\n".join(f"{c.name}: {c.message}" for c in report.checks if c.ok))
+            for check in report.checks:
+                if check.ok:
+                    self.stdout.write(f"{check.name}: {check.message}")
         for line in report.failures:
             self.stderr.write(line)
         if not report.ok:
