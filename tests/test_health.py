@@ -192,6 +192,7 @@ def test_json_and_quiet_output():
         (["--max-wait", "bad name!=5"], "--max-wait 'bad name!=5': Invalid queue name"),
         (["--max-wait", "5", "--max-wait", "off"], "--max-wait is given twice for every queue"),
         (["--min-workers", "-1"], "--min-workers must be a whole number from 0"),
+        (["--host", ""], "--host must be a host name of 1-255 printable characters"),
         (["--window", "5"], "--window needs max-rescues"),
         (["--max-rescues", "x"], "--max-rescues must be a whole number"),
     ],

@@ -255,7 +255,7 @@ class Command(BaseCommand):
         try:
             thresholds = health_options(
                 min_workers=options["min_workers"],
-                host=None if options["any_host"] else options["host"] or this_host(),
+                host=None if options["any_host"] else this_host() if options["host"] is None else options["host"],
                 max_wait=options["max_wait"] or (),
                 max_rescues=options["max_rescues"],
                 window=options["window"],
