@@ -150,6 +150,10 @@ class InvalidQueueSetting(JobsError, ValueError):
     """A queue limit has an invalid value."""
 
 
+class InvalidHealthOption(JobsError, ValueError):
+    """A health check option has an invalid value; see docs/howto/health-checks.md for the options."""
+
+
 class DatabaseUnavailable(JobsError):
     """The database could not be reached."""
 

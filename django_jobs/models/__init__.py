@@ -4,7 +4,7 @@ the admin, the console and ``manage.py jobs`` share (QuerySet methods, :func:`kn
 
 from .dedup import JobDedup, JobDedupNext
 from .dependency import DependencyStatus, FailurePolicy, JobDependency
-from .event import Event, Metric, MetricQuerySet
+from .event import Event, EventQuerySet, Metric, MetricQuerySet
 from .job import Job, JobQuerySet
 from .lease import Lease
 from .log import JobLog, JobLogQuerySet
@@ -15,6 +15,7 @@ from .worker import Worker, WorkerQuerySet
 __all__ = [
     "DependencyStatus",
     "Event",
+    "EventQuerySet",
     "Metric",
     "MetricQuerySet",
     "FailurePolicy",

@@ -12,6 +12,20 @@ from django.db import models
 from django.db.models import Q, Sum
 
 
+class EventQuerySet(models.QuerySet):
+    def count_since(self, kinds: list[str], since: datetime) -> int:
+        """How many events of ``kinds`` were written at or after ``since`` (the health check's
+        rescues). No index holds ``created_at``: the newest event before ``since`` is found by
+        walking the primary key backwards, past the window's events only, and the count then
+        reads the primary key range after it. The pruner keeps EVENTS_MAX_PER_QUEUE events per
+        queue, which bounds both."""
+        before = self.filter(created_at__lt=since).order_by("-id").values_list("id", flat=True).first()
+        window = self.filter(kind__in=kinds, created_at__gte=since)
+        if before is not None:
+            window = window.filter(id__gt=before)
+        return window.count()
+
+
 class Event(models.Model):
     """One lifecycle step of a job (``job_id`` set) or of a queue (paused, resumed).
 
@@ -31,6 +45,8 @@ class Event(models.Model):
     kind = models.CharField(max_length=20)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
+
+    objects = EventQuerySet.as_manager()
 
     class Meta:
         db_table = "django_jobs_event"

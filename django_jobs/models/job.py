@@ -90,6 +90,18 @@ class JobQuerySet(models.QuerySet):
             .order_by()
         )
 
+    def oldest_ready_by_queue(self, backend: str) -> dict[str, datetime]:
+        """``{queue: oldest available_at}`` of ``backend``'s ready jobs (waiting, not blocked
+        behind their partition), one GROUP BY over the rows of the ready indexes: its cost follows
+        the ready backlog, never the history. Queues with nothing ready are left out."""
+        rows = (
+            self.filter(backend=backend, state=JobState.WAITING, blocked=False)
+            .values_list("queue")
+            .annotate(oldest=Min("available_at"))
+            .order_by()
+        )
+        return dict(rows)
+
     def matching(
         self,
         *,

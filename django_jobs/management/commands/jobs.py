@@ -21,14 +21,18 @@ import django_jobs
 
 from ...conf import get_settings
 from ...console import dashboard, job_detail, list_jobs
-from ...exceptions import JobsError
+from ...exceptions import InvalidHealthOption, JobsError
+from ...health import check_health, health_options, this_host
 from ...services import Pruner
 from ...states import JobState
 from ..text import ANSI_REDRAW, due, duration, moment, parse_moment, table
 
 
 class Command(BaseCommand):
-    help = "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune."
+    help = (
+        "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune, "
+        "health."
+    )
 
     # Django gives its common options (-v, --settings, --pythonpath, --traceback, --no-color,
     # --force-color, --skip-checks) to the top-level parser only, which refuses them after a
@@ -77,6 +81,23 @@ class Command(BaseCommand):
             default=60.0,
             help="Stop after about this long (default 60); run again to go on.",
         )
+        health = sub.add_parser(
+            "health", help="Exit 0 when healthy, 1 when a check fails (one line each on stderr), 2 for a bad option."
+        )
+        health.add_argument("--min-workers", default=1, metavar="N", help="Fresh workers required (default 1).")
+        hosts = health.add_mutually_exclusive_group()
+        hosts.add_argument("--host", metavar="NAME", help="Count the workers of this host (default: this machine).")
+        hosts.add_argument("--any-host", action="store_true", help="Count the workers of every host.")
+        health.add_argument(
+            "--max-wait",
+            action="append",
+            metavar="[QUEUE=]SECONDS",
+            help="Longest wait of a queue's oldest ready job (default 300); QUEUE=SECONDS for one queue; "
+            "'off' for no limit. Repeatable.",
+        )
+        health.add_argument("--max-rescues", metavar="COUNT", help="Most stalled jobs in the window (needs EVENTS).")
+        health.add_argument("--window", metavar="MINUTES", help="The window of --max-rescues (default 15).")
+        health.add_argument("--json", action="store_true", dest="as_json", help="Print the report as JSON.")
         # No default on a subcommand's copy: argparse writes every value a subparser holds over
         # the top level's, so a default there would undo "jobs -v 0 status". Given after the
         # subcommand, an option wins; not given, the value before it (or Django's default) stays.
@@ -84,12 +105,20 @@ class Command(BaseCommand):
             for flags, kwargs in self._common_options:
                 subparser.add_argument(*flags, **{**kwargs, "default": argparse.SUPPRESS})
 
+    def execute(self, *args: Any, **options: Any) -> Any:
+        if options.get("action") == "health":
+            # A probe runs every few seconds and must stay silent when healthy: no system checks.
+            options["skip_checks"] = True
+        return super().execute(*args, **options)
+
     def handle(self, *args: Any, **options: Any) -> None:
         backend = options["backend"]
         try:
             self.using = task_backends[backend].database
         except Exception as exc:  # noqa: BLE001 - an unknown alias or a non-jobs backend
-            raise CommandError(f"--backend {backend!r} is not a django-jobs backend in TASKS ({exc}).") from None
+            raise CommandError(
+                f"--backend {backend!r} is not a django-jobs backend in TASKS ({exc}).", returncode=2
+            ) from None
         self.backend = backend
         self.verbosity = options["verbosity"]
         getattr(self, "do_" + options["action"])(**options)
@@ -270,3 +299,29 @@ class Command(BaseCommand):
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
             f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
         )
+
+    # -- health -----------------------------------------------------------------------------------
+
+    def do_health(self, as_json: bool = False, verbosity: int = 1, **options: Any) -> None:
+        try:
+            thresholds = health_options(
+                min_workers=options["min_workers"],
+                host=None if options["any_host"] else this_host() if options["host"] is None else options["host"],
+                max_wait=options["max_wait"] or (),
+                max_rescues=options["max_rescues"],
+                window=options["window"],
+                backend=self.backend,
+            )
+        except InvalidHealthOption as exc:
+            raise CommandError(f"--{exc}", returncode=2) from None
+        report = check_health(thresholds, backend=self.backend)
+        if as_json:
+            self.stdout.write(json.dumps(report.as_json(), indent=2))
+        elif verbosity >= 1:
+            for check in report.checks:
+                if check.ok:
+                    self.stdout.write(f"{check.name}: {check.message}")
+        for line in report.failures:
+            self.stderr.write(line)
+        if not report.ok:
+            raise SystemExit(1)
