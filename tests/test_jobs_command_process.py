@@ -117,7 +117,7 @@ def test_settings_and_pythonpath_work_after_the_subcommand():
 
 def test_traceback_after_the_subcommand_shows_the_stack_of_an_error():
     plain = manage("--backend", "nope", "status")
-    assert plain.returncode == 1 and "CommandError: --backend 'nope' is not" in plain.stderr
+    assert plain.returncode == 2 and "CommandError: --backend 'nope' is not" in plain.stderr
     assert "Traceback" not in plain.stderr
     traced = manage("--backend", "nope", "status", "--traceback")
     assert traced.returncode == 1
