@@ -1,4 +1,10 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from django_jobs import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("metrics/", views.metrics),
+    path("metrics/limited/", views.metrics, {"backend": "limited"}),
+]
