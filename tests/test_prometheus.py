@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -312,3 +313,25 @@ def test_worker_metrics_count_each_stored_outcome_of_a_worker_in_this_process(th
     assert got[q("django_jobs_worker_retried_total", queue="pt")] == 1
     assert got[q("django_jobs_worker_run_seconds_count", queue="pt")] == 5
     assert (w.worker.stats.completed, w.worker.stats.failed, w.worker.stats.retried) == (3, 1, 1)
+
+
+@pytest.mark.django_db
+def test_every_metric_the_docs_and_the_grafana_dashboard_name_is_served(client):
+    from django_jobs.prometheus import WorkerMetrics
+    from django_jobs.worker.stats import OUTCOME_KINDS
+
+    tasks.add.using(queue_name="md").enqueue(1, 1)  # a queue, so the per-queue metrics have a sample
+    served = {name for name, _ in scrape_view(client)}
+    worker = WorkerMetrics()
+    for kind in OUTCOME_KINDS:  # a labelled metric has samples once a label value is used
+        worker.observe("q", kind, 5)
+    served |= {name for name, _ in samples(worker.client.generate_latest(worker.registry).decode())}
+
+    docs = (ROOT / "docs" / "howto" / "prometheus.md").read_text()
+    dashboard = (ROOT / "docs" / "grafana" / "django-jobs.json").read_text()
+    json.loads(dashboard)
+    named = set(re.findall(r"\bdjango_jobs_[a-z_]+[a-z]", docs + dashboard))
+    named -= {"django_jobs_unfinished_idx"}  # an index the page names, not a metric
+    # A histogram or a counter is named by its family in the tables, by its samples in queries.
+    families = {re.sub(r"_(total|bucket|count|sum)$", "", name) for name in served} | served
+    assert named and named <= families, named - families
