@@ -56,6 +56,11 @@ class JobsConfigurationError(JobsError, ImproperlyConfigured):
     """django-jobs is misconfigured; run `manage.py check` for details."""
 
 
+class PrometheusClientMissing(JobsConfigurationError):
+    """Prometheus metrics need the prometheus-client library, which is not installed: run
+    `pip install "django-db-jobs[prometheus]"`."""
+
+
 class InvalidWorkerOption(JobsError, ValueError):
     """A worker option has an invalid value."""
 

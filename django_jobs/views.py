@@ -1,21 +1,23 @@
-"""Views a project mounts in its own URLconf: :func:`health`, a JSON health check for probes.
-
-``path("jobs/health/", django_jobs.views.health)``, or ``include("django_jobs.urls")``
-(docs/howto/health-checks.md). It has no login: protect it as the page says.
+"""Views a project mounts in its own URLconf: :func:`health`, a JSON health check for probes
+(``path("jobs/health/", django_jobs.views.health)``, or ``include("django_jobs.urls")``;
+docs/howto/health-checks.md), and :func:`metrics`, Prometheus's exposition
+(docs/howto/prometheus.md). Neither has a login: protect them as those pages say. The admin's
+pages live in :mod:`django_jobs.admin`.
 """
 
 from __future__ import annotations
 
 import logging
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 
 from .exceptions import InvalidHealthOption
 from .health import check_health, database_of, health_options
+from .prometheus import exposition
 
-__all__ = ["health"]
+__all__ = ["health", "metrics"]
 
 logger = logging.getLogger("django_jobs.health")
 
@@ -62,3 +64,19 @@ def health(request: HttpRequest) -> JsonResponse:
         if check.cause:  # the database's own message stays in the log: it may name hosts and users
             logger.warning("Health check %s of backend %r failed: %s", check.name, backend, check.cause)
     return JsonResponse(report.as_json(), status=200 if report.ok else 503)
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest, backend: str = "default") -> HttpResponse:
+    """Prometheus's text exposition of ``backend``'s queues and workers, read from the database
+    at each scrape (:class:`django_jobs.prometheus.DatabaseCollector`; docs/howto/prometheus.md
+    lists the metrics). Mount it with ``path("metrics/", django_jobs.views.metrics)``; pass
+    ``{"backend": "alias"}`` as the path's kwargs for another backend. It checks no
+    permission: protect it as the rest of your site's internals (network, proxy, or wrap it).
+
+    Raises PrometheusClientMissing (an ImproperlyConfigured) when prometheus-client is not
+    installed and JobsConfigurationError when ``backend`` is not a JobsBackend's alias.
+    """
+    body, content_type = exposition(backend=backend)
+    return HttpResponse(body, content_type=content_type)

@@ -481,7 +481,9 @@ def overflowing(page) -> list[str]:
 
 def test_the_jobs_and_schedules_lists_fit_1280_pixels_with_the_sidebar_open(page):
     data = seed()
-    django_jobs.schedule("nightly report with a long name", tasks.add, cron="0 3 * * *", args=[1, 2], timezone="Europe/Paris")
+    django_jobs.schedule(
+        "nightly report with a long name", tasks.add, cron="0 3 * * *", args=[1, 2], timezone="Europe/Paris"
+    )
     superuser(page)
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(JOBS)

@@ -64,6 +64,20 @@ def test_engine_and_drivers_load_no_database_client():
     assert loaded == {"psycopg": False, "MySQLdb": False}
 
 
+def test_the_views_and_runworker_load_prometheus_client_only_when_metrics_are_used():
+    loaded = run_python(
+        """
+        import json, sys
+        django.setup()
+        import django_jobs.prometheus, django_jobs.views, django_jobs.management.commands.runworker
+        before = "prometheus_client" in sys.modules
+        django_jobs.prometheus.prometheus_client()
+        print(json.dumps([before, "prometheus_client" in sys.modules]))
+        """
+    )
+    assert loaded == [False, True]
+
+
 def test_the_backend_reports_e001_when_the_app_is_not_installed():
     """Django imports the backend from TASKS and runs its checks whether or not django_jobs is an
     installed app; without it the models cannot load, so neither may need them to say so."""

@@ -109,6 +109,7 @@ def test_runworker_refuses_a_bad_value_naming_the_option_and_what_is_allowed(run
         ({"worker_id": "w\x001"}, "worker_id must be printable characters only"),
         ({"worker_id": "w\u20281"}, "worker_id must be printable characters only"),  # a line separator
         ({"worker_id": 7}, "worker_id must be a string, or None for a generated id; got 7"),
+        ({"on_outcome": "count"}, "on_outcome must be a callable (queue, kind, runtime_ms) or None; got 'count'"),
     ],
 )
 def test_worker_refuses_the_same_values_with_invalid_worker_option(options, message):

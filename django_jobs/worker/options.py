@@ -50,6 +50,7 @@ def check_options(
     worker_id: str | None,
     isolation: str,
     prefetch: int,
+    on_outcome: Any = None,
 ) -> list[str] | None:
     """Check the options of ``Worker(...)`` as given; return the queues to take jobs from
     (``None``: all)."""
@@ -83,6 +84,10 @@ def check_options(
         require_worker_id(worker_id)
     if isolation not in ISOLATIONS:
         raise InvalidWorkerOption(f"isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}.")
+    if on_outcome is not None and not callable(on_outcome):
+        raise InvalidWorkerOption(
+            f"on_outcome must be a callable (queue, kind, runtime_ms) or None; got {on_outcome!r}."
+        )
     return queues
 
 

@@ -61,7 +61,7 @@ from .options import (
 )
 from .outcome_log import log_outcome
 from .producer import Producer
-from .stats import WorkerStats
+from .stats import OutcomeObserver, WorkerStats
 from .stop_signals import StopRequests, install_stop_handler, signal_relay
 from .trouble import close_connection, crashed, db_trouble
 from .watchdog import Watchdog
@@ -82,7 +82,11 @@ class Worker:
     shutdown before they are released back to waiting. ``handle_signals``: install SIGTERM/SIGINT
     handlers (only possible from the main thread). ``isolation``: ``"thread"`` (default) runs
     jobs in this process's threads; ``"process"`` runs each slot's jobs in a child process that
-    is killed at a job's timeout or cancel.
+    is killed at a job's timeout or cancel. ``on_outcome``: called as ``on_outcome(queue, kind,
+    runtime_ms)`` on the completer thread for each outcome the database stored, ``kind`` being
+    ``completed``, ``failed``, ``retried``, ``snoozed`` or ``cancelled`` and ``runtime_ms`` the
+    attempt's run time (None when not measured); it must be cheap and must not raise (what it
+    raises is logged). ``runworker --metrics-port`` counts through it.
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class Worker:
         handle_signals: bool = False,
         isolation: str = "thread",
         prefetch: int = DEFAULT_PREFETCH,
+        on_outcome: OutcomeObserver | None = None,
     ):
         queues = check_options(
             queues=queues,
@@ -112,6 +117,7 @@ class Worker:
             worker_id=worker_id,
             isolation=isolation,
             prefetch=prefetch,
+            on_outcome=on_outcome,
         )
 
         self.backend = backend
@@ -138,6 +144,7 @@ class Worker:
             if name in ("", ":memory:") or "mode=memory" in name:
                 raise InvalidWorkerOption("isolation='process' needs a database file; an in-memory SQLite is private.")
         self.stats = WorkerStats()
+        self._on_outcome = on_outcome
 
         self._stopping = threading.Event()
         # Set only after the grace period: leases must keep being renewed while jobs finish.
@@ -339,15 +346,18 @@ class Worker:
     def _signal_written(self, o: engine.Outcome, state: str) -> None:
         """Count and log one stored outcome and send its signals, ``task_finished`` first."""
         if state == JobState.COMPLETED:
-            self.stats.completed += 1
+            kind = "completed"
         elif state == JobState.FAILED:
-            self.stats.failed += 1
+            kind = "failed"
         elif state == JobState.CANCELLED:
-            self.stats.cancelled += 1
+            kind = "cancelled"
         elif o.uncount_attempt:
-            self.stats.snoozed += 1
+            kind = "snoozed"
         else:
-            self.stats.retried += 1
+            kind = "retried"
+        self.stats.count(kind)
+        if self._on_outcome is not None:
+            self._on_outcome(o.queue, kind, o.runtime_ms)
         log_outcome(o, state)
         self._executor.send_finished(o, state)
         if state in (JobState.COMPLETED, JobState.FAILED):

@@ -4,7 +4,14 @@ returns and ``worker_stopped`` sends. The worker's threads count into one ``Work
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+#: ``Worker(on_outcome=...)``: ``(queue, kind, runtime_ms)`` of each stored outcome, ``kind`` one
+#: of :data:`OUTCOME_KINDS`.
+OutcomeObserver = Callable[[str, str, "int | None"], None]
+#: What an attempt came to, as :class:`WorkerStats` counts it.
+OUTCOME_KINDS = ("completed", "failed", "retried", "snoozed", "cancelled")
 
 
 @dataclass
@@ -21,6 +28,10 @@ class WorkerStats:
     #: What the completer measured of the window in which finished jobs were still active
     #: (:class:`~django_jobs.worker.completer.OutcomeWindow`); runworker prints it at -v 2.
     outcome_window: str = ""
+
+    def count(self, kind: str) -> None:
+        """One more outcome of ``kind`` (one of :data:`OUTCOME_KINDS`)."""
+        setattr(self, kind, getattr(self, kind) + 1)
 
     @property
     def processed(self) -> int:

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...checks import check_worker_processes
 from ...exceptions import JobsError, WorkerCrashed
+from ...prometheus import MAX_PORT, WorkerMetrics, prometheus_client
 from ...worker import Worker
 from ...worker.runner import DEFAULT_PREFETCH, MAX_WAIT_SECONDS
 from ...worker.supervisor import EXIT_FATAL, supervise
@@ -86,6 +87,19 @@ class Command(BaseCommand):
         )
         parser.add_argument("--backend", default="default", help="Alias in TASKS. Default 'default'.")
         parser.add_argument(
+            "--metrics-port",
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics over HTTP on this port (needs prometheus-client); with "
+            "--processes N, process i serves on PORT+i.",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",
+            metavar="ADDR",
+            help="The address --metrics-port listens on. Default 0.0.0.0 (every interface).",
+        )
+        parser.add_argument(
             "--isolation",
             choices=["thread", "process"],
             default="thread",
@@ -110,9 +124,12 @@ class Command(BaseCommand):
         # there, not taken for "generate one".
         if opts["worker_id"] is not None and processes > 1:
             raise CommandError("--worker-id names one process; leave it out with --processes > 1.")
+        metrics_port = _metrics_port(opts["metrics_port"], processes)
         self._configure_logging(opts["verbosity"])
 
-        def make(worker_id: str | None = None, handle_signals: bool = True) -> Worker:
+        def make(
+            worker_id: str | None = None, handle_signals: bool = True, metrics: WorkerMetrics | None = None
+        ) -> Worker:
             try:
                 return Worker(
                     queues=queues,
@@ -127,20 +144,47 @@ class Command(BaseCommand):
                     handle_signals=handle_signals,
                     isolation=opts["isolation"],
                     prefetch=prefetch,
+                    on_outcome=metrics.observe if metrics is not None else None,
                 )
             except JobsError as exc:
                 raise CommandError(str(exc)) from None
 
-        worker = make(opts["worker_id"])  # validates every option before anything forks
+        def start_metrics() -> WorkerMetrics | None:
+            """This process's metrics (None without --metrics-port); serve() comes later."""
+            if metrics_port is None:
+                return None
+            try:
+                return WorkerMetrics(backend=opts["backend"])
+            except JobsError as exc:
+                raise CommandError(str(exc)) from None
+
+        def serve(metrics: WorkerMetrics | None, port: int) -> None:
+            if metrics is not None:
+                try:
+                    metrics.serve(port=port, addr=opts["metrics_addr"])
+                except (JobsError, OSError) as exc:
+                    raise CommandError(
+                        f"--metrics-port: cannot serve on {opts['metrics_addr']}:{port}: {exc}"
+                    ) from None
+
+        # A worker validates every option before anything forks. With --processes N, each
+        # process counts its own outcomes and serves them on a port of its own (PORT+i): the
+        # supervisor forks before any metric exists, so no counter is shared or lost.
+        metrics = start_metrics() if processes == 1 else None
+        worker = make(opts["worker_id"], metrics=metrics)
         problems = check_worker_processes(worker.using, processes)
         if problems:
             p = problems[0]
             raise CommandError(f"{p.id}: {p.msg} {p.hint}")
         if processes == 1:
+            serve(metrics, metrics_port or 0)
             try:
                 stats = worker.run()
             except WorkerCrashed as exc:
                 raise CommandError(str(exc)) from None
+            finally:
+                if metrics is not None:
+                    metrics.stop()
             self.stdout.write(stats.summary())
             if opts["verbosity"] >= 2 and stats.outcome_window:
                 self.stdout.write(f"Outcome window: {stats.outcome_window}.")
@@ -148,8 +192,11 @@ class Command(BaseCommand):
 
         def run_child(index: int) -> int:
             try:
-                stats = make(None).run()
-            except WorkerCrashed as exc:
+                child_metrics = start_metrics()
+                child = make(None, metrics=child_metrics)
+                serve(child_metrics, (metrics_port or 0) + index)
+                stats = child.run()
+            except (WorkerCrashed, CommandError) as exc:
                 self.stderr.write(f"[process {index}] {exc}")
                 return EXIT_FATAL
             self.stdout.write(f"[process {index}] {stats.summary()}")
@@ -174,6 +221,22 @@ class Command(BaseCommand):
             # (django_jobs.worker.jobs): printed twice, with a traceback per failed attempt at
             # every -v. Off, too, no record is built, about a tenth of a short job's CPU.
             logging.getLogger("django.tasks").setLevel(logging.CRITICAL + 1)
+
+
+def _metrics_port(raw: str | None, processes: int) -> int | None:
+    """``--metrics-port``: None when left out; a port such that PORT+processes-1 is one too, and
+    prometheus-client installed."""
+    if raw is None:
+        return None
+    port = _int("metrics-port", raw, 1)
+    if port + processes - 1 > MAX_PORT:
+        top = "" if processes == 1 else f" (with --processes {processes}, ports {port}..{port + processes - 1})"
+        raise CommandError(f"--metrics-port must be a port 1..{MAX_PORT - processes + 1}{top}; got {raw!r}.")
+    try:
+        prometheus_client()
+    except JobsError as exc:
+        raise CommandError(f"--metrics-port: {exc}") from None
+    return port
 
 
 def _default_task_logging() -> bool:
