@@ -167,8 +167,8 @@ class QueueStats:
 
     row: QueueRow
     now: datetime
-    #: The last :data:`RATE_MINUTES` whole minutes, the last 60 minutes and the last 1440 (each
-    #: window ends with the current minute, except the first, which stops before it).
+    #: The last :data:`RATE_MINUTES` whole minutes and the current one, the last 60 minutes and
+    #: the last 1440 (each window ends with the current minute).
     recent: Outcomes = Outcomes()
     hour: Outcomes = Outcomes()
     day: Outcomes = Outcomes()
@@ -179,8 +179,10 @@ class QueueStats:
 
     @property
     def jobs_per_minute(self) -> float:
-        """Completed plus failed jobs per minute over the last :data:`RATE_MINUTES` whole minutes."""
-        return self.recent.finished / RATE_MINUTES
+        """Completed plus failed jobs per minute over the last :data:`RATE_MINUTES` whole minutes
+        and the current one so far: a burst counts at once, not a minute later."""
+        into = (self.now - _floor_minute(self.now)).total_seconds() / 60
+        return self.recent.finished / (RATE_MINUTES + into)
 
     @property
     def oldest_waiting_age(self) -> timedelta | None:
@@ -339,7 +341,7 @@ def queue_dashboard(*, using: str, backend: str, name: str, now: datetime | None
     stats = QueueStats(
         row=_queue_row(name, (counts, oldest), state),
         now=now,
-        recent=_sum(per_minute, minute - timedelta(minutes=RATE_MINUTES), minute),
+        recent=_sum(per_minute, minute - timedelta(minutes=RATE_MINUTES), minute + timedelta(minutes=1)),
         hour=_sum(per_minute, _first_minute(now, 60), minute + timedelta(minutes=1)),
         day=_sum(per_minute, _first_minute(now, 1440), minute + timedelta(minutes=1)),
     )
@@ -453,7 +455,7 @@ def _outcomes_by_queue(using: str, now: datetime) -> dict[str, dict[str, Outcome
     day, in one query (conditional sums over the last day's rows, found by the minute index)."""
     minute = _floor_minute(now)
     windows = {
-        "recent": Q(minute__gte=minute - timedelta(minutes=RATE_MINUTES), minute__lt=minute),
+        "recent": Q(minute__gte=minute - timedelta(minutes=RATE_MINUTES)),
         "hour": Q(minute__gte=_first_minute(now, 60)),
         "day": Q(),
     }

@@ -194,6 +194,8 @@ def test_overview_shows_each_queue_with_its_figures_and_the_charts(page):
         heights = [float(h) for h in bars.evaluate_all("els => els.map(e => e.getBBox().height)")]
         assert max(heights) > 50, "the tallest bar fills most of the plot"
         assert svg.locator("rect.fail").count() > 0
+        sizes = svg.locator("text").evaluate_all("els => els.map(e => e.getBoundingClientRect().height)")
+        assert min(sizes) >= 10, f"{chart}'s legend and axis labels are drawn {min(sizes):.1f} px tall"
     assert "No worker is registered" in page.locator("#content-main").inner_text()
     assert not page.watched.console_errors and not page.watched.foreign_requests()
     assert style(page, "#header", "backgroundColor") not in ("", "rgba(0, 0, 0, 0)"), "the admin's CSS applies"

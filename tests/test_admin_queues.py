@@ -84,7 +84,8 @@ def test_overview_lists_each_queue_with_unfinished_counts_metrics_and_limits(adm
     enqueue("emails", 1, run_after=timedelta(hours=1))
     enqueue("reports", 1)
     django_jobs.queue("emails").configure(paused=True, concurrency=3, rate_limit=(20, 1.0), max_size=100)
-    # emails: 12 finished in the 5 whole minutes before this one (2.4/min); in the 60 minutes up
+    # emails: 12 finished in the 5 whole minutes before this one and 7 in this one: 19 over 5 to
+    # 6 minutes, by the second of this minute it reads (3.2 to 3.8 a minute); in the 60 minutes up
     # to this one, 41 finished, 10 failed (24.4%), 28 s of run time (683 ms each); 193 in the
     # 1440 minutes up to this one. Each window's first and first-outside minutes have a row.
     metric("emails", 0, completed=7)
@@ -112,6 +113,7 @@ def test_overview_lists_each_queue_with_unfinished_counts_metrics_and_limits(adm
         for f in ("completed-hour", "failed-hour", "failure-rate", "avg-runtime", "completed-day", "failed-day",
                   "jobs-per-minute", "paused", "concurrency", "rate-limit", "max-size")
     }  # fmt: skip
+    assert 19 / 6 - 0.05 <= float(figures.pop("jobs-per-minute")) <= 19 / 5 + 0.05
     assert figures == {
         "completed-hour": "31",
         "failed-hour": "10",
@@ -119,7 +121,6 @@ def test_overview_lists_each_queue_with_unfinished_counts_metrics_and_limits(adm
         "avg-runtime": "683 ms",
         "completed-day": "183",
         "failed-day": "10",
-        "jobs-per-minute": "2.4",
         "paused": "paused",
         "concurrency": "3",
         "rate-limit": "20 / 1 s",
@@ -159,16 +160,18 @@ def test_dashboard_figures_follow_the_given_now():
     data = console.dashboard(using="default", backend="default", now=later)
     [emails] = data.queues
     assert emails.oldest_waiting_age == later - waiting_since
-    assert emails.recent.completed == 5 and emails.jobs_per_minute == 1.0, (
-        "3 minutes on, the minute is among the last 5 whole ones"
+    assert emails.recent.completed == 5 and emails.jobs_per_minute == pytest.approx(5 / 5.5), (
+        "3 minutes on, the minute is among the last 5 whole ones; 5 jobs over 5.5 minutes"
     )
     assert emails.hour.completed == 5 and emails.day.completed == 5
     assert sum(b.completed for b in data.hour.buckets) == 5 and len(data.hour.buckets) == 60
     assert data.hour.buckets[-4].completed == 5, "the bucket three minutes before the last"
-    assert (
-        console.dashboard(using="default", backend="default", now=later - timedelta(minutes=3)).queues[0].recent
-        == console.Outcomes()
-    ), "the current minute is not whole yet"
+    burst = console.dashboard(using="default", backend="default", now=later - timedelta(minutes=3)).queues[0]
+    assert burst.recent.completed == 5 and burst.jobs_per_minute == pytest.approx(5 / 5.5), (
+        "the current minute counts at once: right after a burst the rate is not 0"
+    )
+    before = console.dashboard(using="default", backend="default", now=minute(0) - timedelta(seconds=1)).queues[0]
+    assert before.recent == console.Outcomes() and before.jobs_per_minute == 0
     next_day = console.dashboard(using="default", backend="default", now=timezone.now() + timedelta(days=1, minutes=1))
     assert next_day.queues[0].day.completed == 0 and next_day.day.completed == 0
 
@@ -609,3 +612,16 @@ def test_a_queue_named_like_an_admin_page_keeps_its_edit_form(admin_client):
     django_jobs.queue("queue").pause()
     assert admin_client.get("/admin/django_jobs/queuestate/queue/change/").status_code == 200
     assert b"queue" in admin_client.get(queue_page("queue")).content
+
+
+@pytest.mark.django_db
+def test_every_queues_page_links_to_the_full_form_a_queue_without_settings_to_the_add_form_named(admin_client):
+    enqueue("fresh")
+    body = admin_client.get(queue_page("fresh")).content.decode()
+    assert 'id="jobs-edit-link"' in body and "/admin/django_jobs/queuestate/add/?name=fresh" in body
+    form = admin_client.get("/admin/django_jobs/queuestate/add/?name=fresh").content.decode()
+    assert 'value="fresh"' in form, "the name filled in"
+    assert "A queue needs no row to exist" in form, "the add form says a queue needs no settings to be used"
+    django_jobs.queue("fresh").pause()
+    body = admin_client.get(queue_page("fresh")).content.decode()
+    assert "/admin/django_jobs/queuestate/fresh/change/" in body

@@ -55,6 +55,15 @@ CLEAN_COUNT_CAP = 10_000
 class QueueStateForm(forms.ModelForm):
     class Meta:
         model = QueueState
+        help_texts = {
+            "name": "A queue needs no row to exist: it is used as soon as a job is enqueued to it. Add one "
+            "only to pause a queue or set its limits before its first job (or to edit those of one).",
+            "concurrency_limit": "Most jobs of this queue running at once, over every worker. Empty: no limit.",
+            "rate_limit": "Most jobs of this queue starting in any window of rate_window_seconds. Empty: no limit.",
+            "max_size": "Most unfinished jobs; an enqueue beyond it raises QueueFull. Empty: no limit.",
+            "partition_concurrency": "Most jobs of one partition running at once (default 1: in order).",
+            "partition_max_size": "Most unfinished jobs of one partition. Empty: no limit.",
+        }
         fields = (
             "name", "paused", "concurrency_limit", "rate_limit", "rate_window_seconds", "max_size",
             "partition_concurrency", "partition_rate_limit", "partition_rate_window_seconds", "partition_max_size",
@@ -336,10 +345,16 @@ class QueueStateAdmin(admin.ModelAdmin):
         }
 
     def _change_url(self, request: HttpRequest, name: str, using: str) -> str | None:
-        """The full form of the queue's row (partition limits too), for users who may change it."""
-        if not self.has_change_permission(request) or not QueueState.objects.using(using).filter(name=name).exists():
+        """The full form of the queue's flags and limits (partition limits too): its row's change
+        form, or, for a queue that has no row yet (its settings are all defaults), the add form
+        with the name filled in; None for a user who may not use the form it would be."""
+        if QueueState.objects.using(using).filter(name=name).exists():
+            if not self.has_change_permission(request):
+                return None
+            return reverse("admin:django_jobs_queuestate_change", args=[name])
+        if not self.has_add_permission(request):
             return None
-        return reverse("admin:django_jobs_queuestate_change", args=[name])
+        return f"{reverse('admin:django_jobs_queuestate_add')}?{urlencode({'name': name})}"
 
     def _check_view(self, request: HttpRequest) -> None:
         if not (self.has_view_or_change_permission(request) or request.user.has_perm("django_jobs.view_job")):
