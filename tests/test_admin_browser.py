@@ -504,6 +504,51 @@ def test_the_jobs_and_schedules_lists_fit_1280_pixels_with_the_sidebar_open(page
     assert re.search(r"\d\d:\d\d:\d\d UTC", row), "and in UTC"
 
 
+LIVE_WAIT_MS = 15_000  # a few refresh intervals, with three suites sharing two cores
+
+
+def test_the_overview_and_a_running_jobs_page_update_themselves_without_a_reload_and_pause(page):
+    seed()
+    superuser(page)
+    page.goto(OVERVIEW)
+    page.evaluate("window.__loaded_once = true")  # gone if the page reloads
+    assert cell(page, "reports", "data-state", "waiting") == "1"
+    tasks.echo.using(queue_name="reports").enqueue("one more")
+    page.wait_for_function(
+        """() => document.querySelector('tr[data-queue="reports"] td[data-state="waiting"]').innerText.trim() === "2" """,
+        timeout=LIVE_WAIT_MS,
+    )
+    assert page.evaluate("window.__loaded_once === true"), "the count changed without a reload"
+    assert "updated" in page.locator("#dj-live-status").inner_text()
+
+    page.click("#dj-live-toggle")  # pause
+    assert page.locator("#dj-live-toggle").inner_text() == "Resume live updates"
+    tasks.echo.using(queue_name="reports").enqueue("while paused")
+    page.wait_for_timeout(7_000)  # more than an interval
+    assert cell(page, "reports", "data-state", "waiting") == "2", "paused: nothing moves"
+    page.click("#dj-live-toggle")  # resume: at once
+    page.wait_for_function(
+        """() => document.querySelector('tr[data-queue="reports"] td[data-state="waiting"]').innerText.trim() === "3" """,
+        timeout=LIVE_WAIT_MS,
+    )
+
+    # A job's page follows it while it can change, and stops once it finished.
+    result = tasks.echo.using(queue_name="live").enqueue("watched")
+    page.goto(job_page(result.id))
+    page.evaluate("window.__loaded_once = true")
+    assert "waiting" in page.locator("[data-live=job]").inner_text()
+    drain_queue("live")
+    page.wait_for_function(
+        "() => document.querySelector('[data-live=job]').innerText.includes('completed')", timeout=LIVE_WAIT_MS
+    )
+    assert page.evaluate("window.__loaded_once === true")
+    assert "ended" in page.locator("#dj-live-status").inner_text()
+    assert "completed" in page.locator("[data-live=timeline]").inner_text(), "the timeline moved too"
+    page.goto(job_page(result.id))
+    assert page.locator("#dj-live").count() == 0, "a finished job's page does not poll"
+    assert not page.watched.console_errors and not page.watched.foreign_requests()
+
+
 # -- permissions ----------------------------------------------------------------------------------
 
 

@@ -527,6 +527,8 @@ def job_page_context(job: Job) -> dict[str, Any]:
         )
     return {
         "job": job,
+        # The page follows a job that can still change (the live updates end once it finished).
+        "live": job.state not in FINISHED_STATES,
         "state_class": state_class(job.state),
         "args_json": pretty(job.args),
         "kwargs_json": pretty(job.kwargs),
