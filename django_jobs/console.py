@@ -215,6 +215,19 @@ class Throughput:
     bucket_minutes: int
 
     @property
+    def heading(self) -> str:
+        """``Last 24 hours, per 15 minutes``; a shorter span says so (``Last 2 hours, per 5
+        minutes``)."""
+        span = self.minutes
+        if span % 60:
+            text = f"Last {span} minutes"
+        else:
+            hours = span // 60
+            text = "Last hour" if hours == 1 else f"Last {hours} hours"
+        per = "minute" if self.bucket_minutes == 1 else f"{self.bucket_minutes} minutes"
+        return f"{text}, per {per}"
+
+    @property
     def completed(self) -> int:
         return sum(b.completed for b in self.buckets)
 
@@ -290,7 +303,8 @@ def dashboard(*, using: str, backend: str, now: datetime | None = None) -> Dashb
     """Everything the queues overview shows, in six queries whatever the number of jobs.
 
     Queues listed: those with unfinished jobs of ``backend``, a QueueState row, or Metric rows in
-    the last day. ``hour`` has 60 one-minute buckets and ``day`` 96 quarter-hours, of all queues.
+    the last day. ``hour`` has 60 one-minute buckets and ``day`` 96 quarter-hours (less on a new
+    install: :func:`_day`), of all queues.
     """
     now = now or timezone.now()
     per_minute = _per_minute(using, None, _first_minute(now, 1440), now)
@@ -298,7 +312,7 @@ def dashboard(*, using: str, backend: str, now: datetime | None = None) -> Dashb
         now=now,
         queues=queue_stats(using=using, backend=backend, now=now),
         hour=_bucketed(per_minute, now, minutes=60, bucket=1),
-        day=_bucketed(per_minute, now, minutes=1440, bucket=15),
+        day=_day(per_minute, now),
         workers=workers(using=using, backend=backend, now=now),
     )
 
@@ -352,7 +366,7 @@ def queue_dashboard(*, using: str, backend: str, name: str, now: datetime | None
     return QueueDashboard(
         stats=stats,
         hour=_bucketed(per_minute, now, minutes=60, bucket=1),
-        day=_bucketed(per_minute, now, minutes=1440, bucket=15),
+        day=_day(per_minute, now),
         tasks=tasks,
     )
 
@@ -428,6 +442,22 @@ def _sum(per_minute: dict[datetime, Outcomes], since: datetime, until: datetime)
         retried=sum(o.retried for o in picked),
         runtime_ms=sum(o.runtime_ms for o in picked),
     )
+
+
+#: The day chart's buckets (minutes), the first that keeps it within 96 bars.
+DAY_BUCKETS = (1, 5, 15)
+
+
+def _day(per_minute: dict[datetime, Outcomes], now: datetime) -> Throughput:
+    """The last 24 hours in 96 quarter-hours; while the rows reach back less far (a new
+    install), the span they cover, rounded up to whole hours (at least two), in finer buckets:
+    a day of empty quarter-hours around one thin bar says nothing."""
+    if not per_minute:
+        return _bucketed(per_minute, now, minutes=1440, bucket=15)
+    have = int((_floor_minute(now) - min(per_minute)).total_seconds() // 60) + 1
+    minutes = min(1440, max(120, -(-have // 60) * 60))
+    bucket = next(b for b in DAY_BUCKETS if minutes // b <= 96)
+    return _bucketed(per_minute, now, minutes=minutes, bucket=bucket)
 
 
 def _bucketed(per_minute: dict[datetime, Outcomes], now: datetime, *, minutes: int, bucket: int) -> Throughput:

@@ -220,8 +220,10 @@ def test_overview_charts_are_inline_svg_with_the_minutes_data(admin_client):
     assert re.findall(r">(\d+)</text>", hour_svg)[:3] == ["0", "3", "6"], "the y axis labels"
     assert f">{timezone.localtime(minute(59)):%H:%M}</text>" in hour_svg, "the first x axis label"
     day_svg = re.search(r'<svg[^>]*id="chart-all-day".*?</svg>', body, re.S).group(0)
-    assert 'aria-label="Jobs finished per 15 minutes, all queues, last 24 hours: 45 completed, 1 failed"' in day_svg
-    assert day_svg.count('class="bar"') == 96 and ": 40 completed, 0 failed</title>" in day_svg
+    # The rows reach back 200 minutes: the day chart spans 4 hours in 5-minute buckets.
+    assert 'aria-label="Jobs finished, all queues, last 4 hours, per 5 minutes: 45 completed, 1 failed"' in day_svg
+    assert day_svg.count('class="bar"') == 48 and ": 40 completed, 0 failed</title>" in day_svg
+    assert "<h3>Last 4 hours, per 5 minutes</h3>" in body
     scripts = re.findall(r"<script[^>]*>", body.split('id="content"')[1])
     assert len(scripts) == 1 and "src=" not in scripts[0], (
         "the charts need no script; the one there is the live updates'"
@@ -629,3 +631,22 @@ def test_every_queues_page_links_to_the_full_form_a_queue_without_settings_to_th
     django_jobs.queue("fresh").pause()
     body = admin_client.get(queue_page("fresh")).content.decode()
     assert "/admin/django_jobs/queuestate/fresh/change/" in body
+
+
+@pytest.mark.django_db
+def test_the_day_chart_of_a_new_install_spans_the_hours_it_has_in_finer_buckets():
+    now = timezone.now()
+    base = now.replace(second=0, microsecond=0)
+    Metric.objects.create(queue="a", minute=base - timedelta(minutes=3), completed=4)
+    day = console.dashboard(using="default", backend="default", now=now).day
+    assert (day.minutes, day.bucket_minutes, day.heading) == (120, 5, "Last 2 hours, per 5 minutes")
+    assert day.completed == 4
+    Metric.objects.create(queue="a", minute=base - timedelta(hours=5, minutes=10), completed=1)
+    day = console.dashboard(using="default", backend="default", now=now).day
+    assert (day.minutes, day.bucket_minutes, day.heading) == (360, 5, "Last 6 hours, per 5 minutes")
+    Metric.objects.create(queue="a", minute=base - timedelta(hours=20), completed=1)
+    day = console.dashboard(using="default", backend="default", now=now).day
+    assert (day.minutes, day.bucket_minutes, day.heading) == (1260, 15, "Last 21 hours, per 15 minutes")
+    Metric.objects.all().delete()
+    day = console.dashboard(using="default", backend="default", now=now).day
+    assert (day.minutes, day.bucket_minutes) == (1440, 15), "nothing yet: the whole day, empty"
