@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +17,7 @@ import django_jobs
 from django_jobs.models import Job
 from django_jobs.testing import drain_queue
 from tests import tasks
-from tests.factories import insert_job
+from tests.factories import claim, insert_job, record
 
 
 def jobs(*args: str) -> str:
@@ -175,3 +176,28 @@ def test_djangos_common_options_are_taken_after_every_subcommand_as_before_it():
 def test_status_watch_refuses_an_interval_that_is_not_a_positive_number_of_seconds(seconds):
     with pytest.raises(CommandError, match=r"--watch must be a number of seconds > 0; got"):
         jobs("status", "--watch", seconds)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_show_gives_the_jobs_of_one_claim_their_own_run_times():
+    """Jobs claimed together share the claim's started_at; each attempt's own run (the event that
+    ended it, less the run time the worker measured) tells them apart."""
+    ids = [tasks.noop.using(queue_name="claimed-together").enqueue().id for _ in range(2)]
+    first, second = sorted(claim(limit=2, queues=["claimed-together"]), key=lambda j: str(j.id))
+    time.sleep(0.04)
+    assert record(first, runtime_ms=40)
+    time.sleep(0.03)
+    assert record(second, runtime_ms=30)
+    shown = {str(j.id): jobs("show", str(j.id)) for j in (first, second)}
+    assert set(shown) == set(ids)
+    started = {re.search(r"^started +(.*?)  \(claimed", text, re.M).group(1) for text in shown.values()}
+    assert len(started) == 1, "one claim, one started_at"
+    runs = {}
+    for job_id, text in shown.items():
+        match = re.search(r"^  1  completed  ran (\S+ \S+) \S+ - (\S+ \S+) \S+ \((\d+) ms\)", text, re.M)
+        assert match, text
+        runs[job_id] = [datetime.fromisoformat(match.group(1)), datetime.fromisoformat(match.group(2))]
+        assert runs[job_id][1] - runs[job_id][0] == timedelta(milliseconds=int(match.group(3)))
+    a, b = runs[str(first.id)], runs[str(second.id)]
+    assert b[0] >= a[1] - timedelta(milliseconds=2), f"the second ran after the first: {a} {b}"
+    assert a[0] != b[0]

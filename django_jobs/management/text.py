@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-__all__ = ["ANSI_REDRAW", "due", "duration", "moment", "parse_moment", "table"]
+__all__ = ["ANSI_REDRAW", "due", "duration", "moment", "moment_ms", "parse_moment", "table"]
 
 #: Cursor to the top left, then clear the screen: a terminal redraws a ``status --watch`` snapshot
 #: in place (what ``watch(1)`` does), with no curses.
@@ -28,6 +28,15 @@ def moment(value: datetime | None) -> str:
     else:
         zone = timezone.get_current_timezone_name()
     return f"{value:%Y-%m-%d %H:%M:%S} {zone}"
+
+
+def moment_ms(value: datetime | None) -> str:
+    """:func:`moment` to the millisecond, where the order of close events matters."""
+    text = moment(value)
+    if value is None:
+        return text
+    day, clock, zone = text.split(" ", 2)
+    return f"{day} {clock}.{value.microsecond // 1000:03d} {zone}"
 
 
 def duration(seconds: float) -> str:

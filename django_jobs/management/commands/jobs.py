@@ -20,12 +20,12 @@ from django.utils.module_loading import autodiscover_modules
 import django_jobs
 
 from ...conf import get_settings
-from ...console import dashboard, job_detail, list_jobs
+from ...console import attempt_runs, dashboard, job_detail, list_jobs
 from ...exceptions import InvalidHealthOption, JobsError
 from ...health import check_health, health_options, this_host
 from ...services import Pruner
 from ...states import JobState
-from ..text import ANSI_REDRAW, due, duration, moment, parse_moment, table
+from ..text import ANSI_REDRAW, due, duration, moment, moment_ms, parse_moment, table
 
 
 class Command(BaseCommand):
@@ -229,7 +229,7 @@ class Command(BaseCommand):
         if job.state == JobState.DELAYED:  # a delay or a retry's backoff: when the promoter frees it
             lines.append(f"runs at     {moment(job.available_at)} ({due(job.available_at, timezone.now())})")
         lines += [
-            f"started     {moment(job.started_at)}",
+            f"started     {moment(job.started_at)}  (claimed; the jobs of one claim share it)",
             f"finished    {moment(job.finished_at)}",
             f"args        {json.dumps(job.args)}",
             f"kwargs      {json.dumps(job.kwargs)}",
@@ -237,6 +237,14 @@ class Command(BaseCommand):
             f"progress    {json.dumps(job.progress)}",
             f"trace       {job.trace_id or '-'}   parent {job.parent_id or '-'}",
         ]
+        runs = attempt_runs(using=self.using, job_id=job.id)
+        if runs:
+            lines += ["", "attempts (each run by the database's clock, less the run time the worker measured):"]
+            for run in runs:
+                ran = "" if run.started_at is None else f"ran {moment_ms(run.started_at)} - "
+                took = "" if run.runtime_ms is None else f" ({run.runtime_ms:,} ms)"
+                error = f"  {run.error}" if run.error else ""
+                lines.append(f"  {run.attempt or '?'}  {run.kind:<9}  {ran}{moment_ms(run.ended_at)}{took}{error}")
         for error in job.errors:
             heading = f"error (attempt {error.get('attempt', '?')}): {error.get('exception_class_path')}"
             lines += ["", self.style.ERROR(heading)]
