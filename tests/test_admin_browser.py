@@ -25,7 +25,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_jobs
-from django_jobs.models import Job, Metric, QueueState, Schedule
+from django_jobs.models import Job, Metric, QueueState, Schedule, Worker
 from django_jobs.testing import drain_queue
 from tests import browser as browser_fixtures
 from tests import tasks
@@ -502,6 +502,17 @@ def test_the_jobs_and_schedules_lists_fit_1280_pixels_with_the_sidebar_open(page
     row = page.locator("#result_list tbody tr", has_text="nightly report").inner_text()
     assert re.search(r"\d\d:\d\d:\d\d CES?T", row) and "Europe/Paris" in row, "the next run in its zone, named"
     assert re.search(r"\d\d:\d\d:\d\d UTC", row), "and in UTC"
+    Worker.objects.create(
+        id="web-1.example.internal:4242:0123456789abcdef", hostname="web-1.example.internal", pid=4242,
+        queues=["emails", "reports", "default"], concurrency=8, started_at=timezone.now(), heartbeat_at=timezone.now(),
+    )  # fmt: skip
+    page.goto("/admin/django_jobs/worker/")
+    assert overflowing(page) == [], "the workers list too"
+    page.goto(OVERVIEW)
+    wide = page.evaluate(
+        """() => [...document.querySelectorAll('.jobs-scroll')].filter(b => b.scrollWidth > b.clientWidth + 1).length"""
+    )
+    assert wide == 0, "the overview's tables need no sideways scrolling at 1280 px"
 
 
 LIVE_WAIT_MS = 15_000  # a few refresh intervals, with three suites sharing two cores

@@ -650,3 +650,12 @@ def test_the_day_chart_of_a_new_install_spans_the_hours_it_has_in_finer_buckets(
     Metric.objects.all().delete()
     day = console.dashboard(using="default", backend="default", now=now).day
     assert (day.minutes, day.bucket_minutes) == (1440, 15), "nothing yet: the whole day, empty"
+
+
+@pytest.mark.django_db
+def test_the_sidebar_offers_no_add_beside_queues_but_the_add_form_stays_reachable(admin_client):
+    index = admin_client.get("/admin/").content.decode()
+    assert "/admin/django_jobs/queuestate/add/" not in index, "a queue needs no row to be used"
+    assert "/admin/django_jobs/schedule/add/" in index
+    assert admin_client.get("/admin/django_jobs/queuestate/add/").status_code == 200
+    assert "Set up a queue's limits" in admin_client.get(OVERVIEW).content.decode()

@@ -126,6 +126,12 @@ class QueueStateAdmin(admin.ModelAdmin):
     Edits here are runtime edits, like ``django_jobs.queue(...).set_...()``; a worker start
     re-applies ``DJANGO_JOBS["QUEUES"]`` only where the settings changed."""
 
+    def get_model_perms(self, request):
+        """The admin's index and sidebar offer no "+ Add" beside Queues: a queue needs no row to
+        be used, and the link made people create one first. The add form stays, reached from
+        the overview ("Set up a queue's limits") and from a queue's page."""
+        return {**super().get_model_perms(request), "add": False}
+
     def get_object(self, request, object_id, from_field=None):
         # A NUL in the URL is refused by PostgreSQL as a value of the text primary key: not found.
         return None if "\x00" in str(object_id) else super().get_object(request, object_id, from_field)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils import timezone
+from django.utils.html import format_html
 
 from ..models import Worker
 from .changelist import SafeChangeList
-from .utils import database
+from .utils import database, moment
 
 
 @admin.register(Worker)
@@ -19,7 +21,8 @@ class WorkerAdmin(admin.ModelAdmin):
     def get_object(self, request, object_id, from_field=None):
         return None if "\x00" in str(object_id) else super().get_object(request, object_id, from_field)
 
-    list_display = ("id", "hostname", "pid", "queues_display", "concurrency", "running", "started_at", "heartbeat_at")
+    # Fits 1280 px with the sidebar open: the id names the host; times on two lines, zone named.
+    list_display = ("id", "pid", "queues_display", "concurrency", "running", "started", "heartbeat")
     readonly_fields = ("id", "backend", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
 
     def get_queryset(self, request):
@@ -28,6 +31,17 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.display(description="running jobs")
     def running(self, worker):
         return worker.running_jobs or 0
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, worker):
+        day, _, clock = moment(worker.started_at).partition(" ")
+        return format_html("{}<br>{}", day, clock)
+
+    @admin.display(description="heartbeat", ordering="heartbeat_at")
+    def heartbeat(self, worker):
+        age = max(0, round((timezone.now() - worker.heartbeat_at).total_seconds()))
+        day, _, clock = moment(worker.heartbeat_at).partition(" ")
+        return format_html("{}<br>{} ({} s ago)", day, clock, age)
 
     @admin.display(description="queues")
     def queues_display(self, worker):
