@@ -515,6 +515,19 @@ def test_the_jobs_and_schedules_lists_fit_1280_pixels_with_the_sidebar_open(page
     assert wide == 0, "the overview's tables need no sideways scrolling at 1280 px"
 
 
+def test_every_documented_progress_shape_draws_a_visible_bar(page):
+    superuser(page)
+    shapes = [({"done": 3, "total": 4}, 75), ({"current": 1, "total": 4}, 25), ({"percent": 40}, 40), (60, 60)]
+    for progress, percent in shapes:
+        job_id = tasks.noop.enqueue().id
+        Job.objects.filter(pk=job_id).update(progress=progress)
+        page.goto(job_page(job_id))
+        bar = page.locator("[data-live=result] progress")
+        assert bar.is_visible(), progress
+        assert float(bar.get_attribute("value")) == percent, progress
+        assert bar.bounding_box()["width"] > 100, "a bar one can read"
+
+
 LIVE_WAIT_MS = 15_000  # a few refresh intervals, with three suites sharing two cores
 
 
