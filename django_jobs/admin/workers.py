@@ -21,8 +21,10 @@ class WorkerAdmin(admin.ModelAdmin):
     def get_object(self, request, object_id, from_field=None):
         return None if "\x00" in str(object_id) else super().get_object(request, object_id, from_field)
 
-    # Fits 1280 px with the sidebar open: the id names the host; times on two lines, zone named.
-    list_display = ("id", "pid", "queues_display", "concurrency", "running", "started", "heartbeat")
+    # Fits 1280 px with the sidebar open: the id names the host (or the host is under it); times
+    # on two lines, zone named.
+    list_display = ("worker", "pid", "queues_display", "concurrency", "running", "started", "heartbeat")
+    list_display_links = ("worker",)
     readonly_fields = ("id", "backend", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
 
     def get_queryset(self, request):
@@ -31,6 +33,13 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.display(description="running jobs")
     def running(self, worker):
         return worker.running_jobs or 0
+
+    @admin.display(description="worker", ordering="id")
+    def worker(self, worker):
+        """Its id, and its host under it when the id does not name it."""
+        if worker.hostname and worker.hostname not in worker.id:
+            return format_html('{}<br><span class="quiet">{}</span>', worker.id, worker.hostname)
+        return worker.id
 
     @admin.display(description="started", ordering="started_at")
     def started(self, worker):
