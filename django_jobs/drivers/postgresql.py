@@ -4,11 +4,12 @@ modifying CTEs), claims skip locked rows, and the hot statements are prepared.""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ..conf import get_settings
@@ -375,7 +376,26 @@ def prepared_cursor(connection: Any, *, generic: bool = False) -> Any:
                     "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)"
                 )
             raw._django_jobs_generic = True
-    return connection._prepare_cursor(_prepared_cursor_class()(raw))
+    cursor = _prepared_cursor_class()(raw)
+    if generic and _utc_connection(connection, raw):
+        # The claims and outcome batches read several timestamps per job. Django loads each through
+        # its Python loader (psycopg's, then a replace() of the zone); on a UTC connection
+        # psycopg's own C loader returns the same aware datetime (zone datetime.timezone.utc).
+        cursor.adapters.register_loader("timestamptz", _native_timestamptz_loader())
+    return connection._prepare_cursor(cursor)
+
+
+def _utc_connection(connection: Any, raw: Any) -> bool:
+    """Django reads timestamps in UTC (USE_TZ, no per-database TIME_ZONE) and the session's
+    zone is UTC: then psycopg's native loader gives what Django's gives."""
+    return connection.timezone is UTC and raw.info.parameter_status("TimeZone") == "UTC"
+
+
+@functools.cache
+def _native_timestamptz_loader() -> type:
+    from psycopg.types.datetime import TimestamptzLoader  # optional: the package imports without psycopg
+
+    return TimestamptzLoader
 
 
 #: A pooler refused a prepared statement (it does not keep them across transactions): from

@@ -142,3 +142,19 @@ def test_the_outcome_batch_reads_its_jobs_through_the_primary_key_whatever_the_s
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("RESET plan_cache_mode")
     assert "django_jobs_job_pkey" in plan and "django_jobs_active_idx" not in plan, plan
+
+
+def test_claims_and_outcomes_read_the_times_django_reads():
+    """The worker's statements load timestamps with psycopg's native loader on a UTC session:
+    the values and their zone are those the ORM gives for the same row."""
+    import datetime as dt
+
+    tasks.noop.enqueue()
+    [job] = claim(limit=1, worker_id="w")
+    row = Job.objects.get(pk=job.id)
+    for name in ("enqueued_at", "started_at", "last_attempted_at", "available_at"):
+        value = getattr(job, name)
+        assert value == getattr(row, name), name
+        assert value.tzinfo is dt.UTC and getattr(row, name).tzinfo is dt.UTC, name
+    record(job, queue=job.queue)
+    assert Job.objects.get(pk=job.id).state == "completed"
