@@ -58,6 +58,21 @@ class QueueRow:
     oldest_waiting_at: datetime | None = None
 
 
+def moment(value: datetime, *, milliseconds: bool = False) -> str:
+    """``2026-11-30 06:00:03 UTC`` (``06:00:03.042`` with ``milliseconds``): the one time format
+    of the admin and the jobs command. To the second, in the current time zone (``TIME_ZONE``
+    unless another is activated), named as the zone names itself (``UTC``, ``CET``,
+    ``UTC+02:00``). A naive datetime (``USE_TZ = False``) is taken as Django takes it: in the
+    current time zone."""
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+        zone = value.tzname() or value.strftime("%z")
+    else:
+        zone = timezone.get_current_timezone_name()
+    fraction = f".{value.microsecond // 1000:03d}" if milliseconds else ""
+    return f"{value:%Y-%m-%d %H:%M:%S}{fraction} {zone}"
+
+
 def queue_overview(*, using: str, backend: str) -> list[QueueRow]:
     """Every queue with unfinished jobs of ``backend`` or a QueueState row, by name. Counts only
     unfinished states (one GROUP BY over django_jobs_unfinished_idx): finished history, which

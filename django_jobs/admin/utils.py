@@ -10,6 +10,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from .. import console
 from ..conf import get_settings
 from ..states import JobState
 
@@ -72,11 +73,7 @@ def moment(value: Any, *, milliseconds: bool = False) -> str:
             return value
     if timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
-    local = timezone.localtime(value)
-    text = local.strftime("%Y-%m-%d %H:%M:%S")
-    if milliseconds:
-        text += f".{local.microsecond // 1000:03d}"
-    return f"{text} {local.tzname()}"
+    return console.moment(value, milliseconds=milliseconds)
 
 
 def last_error(errors: Any) -> str:

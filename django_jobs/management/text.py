@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from django.core.management.base import CommandError
-from django.utils import timezone
+
+from .. import console
 
 __all__ = ["ANSI_REDRAW", "due", "duration", "moment", "moment_ms", "parse_moment", "table"]
 
@@ -16,27 +17,13 @@ ANSI_REDRAW = "\x1b[H\x1b[2J"
 
 
 def moment(value: datetime | None) -> str:
-    """``2026-11-30 06:00:03 UTC``: to the second, in the current time zone (``TIME_ZONE`` unless
-    another is activated), named as the zone names itself (``UTC``, ``CET``, ``UTC+02:00``);
-    ``-`` for None. A naive datetime (``USE_TZ = False``) is taken as Django takes it: in the
-    current time zone."""
-    if value is None:
-        return "-"
-    if timezone.is_aware(value):
-        value = timezone.localtime(value)
-        zone = value.tzname() or value.strftime("%z")
-    else:
-        zone = timezone.get_current_timezone_name()
-    return f"{value:%Y-%m-%d %H:%M:%S} {zone}"
+    """:func:`django_jobs.console.moment`; ``-`` for None."""
+    return "-" if value is None else console.moment(value)
 
 
 def moment_ms(value: datetime | None) -> str:
     """:func:`moment` to the millisecond, where the order of close events matters."""
-    text = moment(value)
-    if value is None:
-        return text
-    day, clock, zone = text.split(" ", 2)
-    return f"{day} {clock}.{value.microsecond // 1000:03d} {zone}"
+    return "-" if value is None else console.moment(value, milliseconds=True)
 
 
 def duration(seconds: float) -> str:
