@@ -13,6 +13,7 @@ need them. Those deferred imports are the only ones here, and none of them dodge
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import uuid
 from collections.abc import Iterable
@@ -26,7 +27,7 @@ from django.core import checks
 from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
+from django.tasks.base import TASK_REFRESH_ATTRS, TaskError, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
@@ -68,6 +69,11 @@ _RESTORING: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_r
 #: normalised by check_payload / encode_payload, and TaskResult.__post_init__ would walk them
 #: again (two normalize_json calls per job, a sixth of enqueue_many's CPU).
 _NORMALIZED: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_normalized_args", default=False)
+
+#: ``(id(task), backend alias)`` -> ``(task, settings, PlainJob or None)``: see JobsBackend._plain.
+_PLAIN: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
+_PLAIN_MAX = 512
+_READY = TaskResultStatus.READY
 
 
 class _JobTaskMeta(type):
@@ -314,6 +320,39 @@ _BATCH_FIELDS = frozenset({
 })  # fmt: skip
 
 
+@functools.cache
+def _result_slots() -> dict[str, Any] | None:
+    """The slot setter of each JobResult field, by name; None when its fields are not the ones
+    :func:`_batch_results` and :func:`_waiting_result` know (a Django that adds one)."""
+    if {f.name for f in fields(JobResult)} != _BATCH_FIELDS:
+        return None
+    return {name: getattr(JobResult, name).__set__ for name in _BATCH_FIELDS}
+
+
+def _waiting_result(
+    task: Task, backend: str, job_id: str, enqueued_at: datetime | None, args: list[Any], kwargs: dict[str, Any],
+    trace_id: str | None,
+) -> JobResult:  # fmt: skip
+    """:func:`_new_result` of a job just inserted waiting, built through the slots as
+    :func:`_batch_results` builds a chunk's (``args`` and ``kwargs`` already normalised)."""
+    slots = _result_slots()
+    if slots is None:
+        token = _NORMALIZED.set(True)
+        try:
+            return _new_result(task, backend, job_id, _READY, enqueued_at, args, kwargs, trace_id)
+        finally:
+            _NORMALIZED.reset(token)
+    result = object.__new__(JobResult)
+    for name, value in (
+        ("task", task), ("id", job_id), ("status", _READY), ("enqueued_at", enqueued_at), ("started_at", None),
+        ("last_attempted_at", None), ("finished_at", None), ("args", args), ("kwargs", kwargs),
+        ("backend", backend), ("errors", []), ("worker_ids", []), ("_return_value", None), ("progress", None),
+        ("trace_id", trace_id), ("duplicate", False),
+    ):  # fmt: skip
+        slots[name](result, value)
+    return result
+
+
 def _batch_results(task: Task, backend: str, status: Any, enqueued_at: datetime | None, trace_id: str | None) -> Any:
     """A function ``(id text, args, kwargs) -> JobResult`` building the results of a chunk of
     new jobs, equal to what :func:`_new_result` returns for each.
@@ -324,7 +363,7 @@ def _batch_results(task: Task, backend: str, status: Any, enqueued_at: datetime 
     fields are not the ones this knows (a Django that adds one), it falls back to
     :func:`_new_result`.
     """
-    if {f.name for f in fields(JobResult)} != _BATCH_FIELDS:
+    if _result_slots() is None:
 
         def slow(job_id: str, args: list[Any], kwargs: dict[str, Any]) -> JobResult:
             token = _NORMALIZED.set(True)
@@ -339,9 +378,11 @@ def _batch_results(task: Task, backend: str, status: Any, enqueued_at: datetime 
         "finished_at": None, "backend": backend, "_return_value": None, "progress": None, "trace_id": trace_id,
         "duplicate": False,
     }  # fmt: skip
-    fixed = [(getattr(JobResult, name).__set__, value) for name, value in shared.items()]
+    slots = _result_slots()
+    assert slots is not None
+    fixed = [(slots[name], value) for name, value in shared.items()]
     set_id, set_args, set_kwargs, set_errors, set_workers = (
-        getattr(JobResult, name).__set__ for name in ("id", "args", "kwargs", "errors", "worker_ids")
+        slots[name] for name in ("id", "args", "kwargs", "errors", "worker_ids")
     )
     new = object.__new__
 
@@ -402,6 +443,71 @@ class JobsBackend(BaseTaskBackend):
         With ``dedup`` or ``idempotency_key``, an enqueue whose key is held inserts nothing and
         returns the job holding it, ``duplicate=True`` (and sends no ``task_enqueued``).
         """
+        plain = self._plain(task)
+        if plain is not None:
+            result = self._enqueue_plain(task, plain, args, kwargs)
+            if result is not None:
+                return result
+        return self._enqueue(task, args, kwargs)
+
+    def _plain(self, task: Task) -> Any:
+        """The ``engine.PlainJob`` of ``task`` when its jobs take the plain insert (no run_after,
+        partition, dedup or idempotency key, on a database where that insert serves); else None.
+
+        Validated and made once per task object and settings, not once per job: a task is
+        frozen, and the settings object changes with the settings (override_settings included).
+        ``.using()`` makes a new object, so it is validated on its first enqueue as before."""
+        settings = self.settings
+        key = (id(task), self.alias)
+        cached = _PLAIN.get(key)
+        if cached is not None and cached[0] is task and cached[1] is settings:
+            return cached[2]
+        from . import engine  # on first use: see the module's docstring (E001)
+
+        self.validate_task(task)
+        plain = None
+        if (
+            task.run_after is None
+            and getattr(task, "dedup", None) is None
+            and getattr(task, "idempotency_key", None) is None
+            and getattr(task, "partition", None) is None
+        ):
+            max_attempts, options = job_fields(task, default_max_attempts=settings.MAX_ATTEMPTS)
+            plain = engine.plain_job(
+                using=self.database,
+                backend=self.alias,
+                queue=task.queue_name,
+                task_path=task.module_path,
+                priority=task.priority,
+                max_attempts=max_attempts,
+                options=options,
+                lifo=bool(getattr(task, "lifo", False)),
+                trace_id=getattr(task, "trace_id", None),
+            )
+        if len(_PLAIN) >= _PLAIN_MAX:  # tasks made per call by .using(): keep the cache small
+            _PLAIN.clear()
+        _PLAIN[key] = (task, settings, plain)
+        return plain
+
+    def _enqueue_plain(self, task: Task, plain: Any, args: Any, kwargs: Any) -> TaskResult | None:
+        """:meth:`enqueue` of a job of a plain task (:meth:`_plain`); None when its queue has a
+        size limit (nothing inserted: :meth:`_enqueue` admits it under the queue's lock)."""
+        from . import engine  # on first use: see the module's docstring (E001)
+
+        args, kwargs, args_json, kwargs_json = encode_payload(args, kwargs, cap=self.settings.MAX_PAYLOAD_BYTES)
+        inserted = engine.insert_plain_job(plain, args_json, kwargs_json)
+        if inserted is None:
+            return None
+        job_id, enqueued_at, trace_id = inserted
+        result = _waiting_result(task, self.alias, str(job_id), enqueued_at, args, kwargs, trace_id)
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
+        )
+        return result
+
+    def _enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """:meth:`enqueue` of any job: a run_after, partition, dedup or idempotency key, a size
+        limited queue, a database without the plain insert."""
         from . import engine  # on first use: see the module's docstring (E001)
 
         self.validate_task(task)

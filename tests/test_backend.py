@@ -25,7 +25,7 @@ import django_jobs
 from django_jobs import engine
 from django_jobs.backend import JobsBackend, JobTask
 from django_jobs.exceptions import InvalidQueueName, InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
-from django_jobs.models import Job
+from django_jobs.models import Event, Job
 from django_jobs.states import JobState
 from tests import tasks
 from tests.factories import claim, plain_function
@@ -703,3 +703,62 @@ def test_negative_timedelta_run_after_is_rejected():
 
     with pytest.raises(InvalidTaskOptions, match="must not be negative"):
         tasks.noop.using(run_after=timedelta(seconds=-1))
+
+
+# -- the plain enqueue (a task validated once, one prepared statement; PostgreSQL) --------------
+
+
+def _row(job: Job) -> dict:
+    """A job's columns, less those that differ between any two enqueues (id, times, order)."""
+    skip = {"id", "enqueued_at", "available_at", "seq", "trace_id"}
+    return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields if f.attname not in skip}
+
+
+@db
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tasks.noop,
+        lambda: tasks.noop.using(max_attempts=5, backoff=[1, 2], timeout=3.5, priority=7, queue_name="q2"),
+        lambda: tasks.noop.using(lifo=True, trace_id="pipeline-1"),
+    ],
+    ids=["plain", "options", "lifo-and-trace"],
+)
+def test_the_plain_enqueue_writes_the_row_and_result_the_general_one_writes(make, monkeypatch):
+    """enqueue() of a task without run_after, partition or keys skips NewJob and NewRow; the row,
+    the event and the result are those of the path every other enqueue takes."""
+    task = make()
+    first = task.enqueue(1, b=[2])
+    monkeypatch.setattr(JobsBackend, "_plain", lambda self, task: None)  # the general path
+    second = task.enqueue(1, b=[2])
+    jobs = {str(j.id): j for j in Job.objects.all()}
+    assert _row(jobs[first.id]) == _row(jobs[second.id])
+    assert jobs[first.id].seq < 0 if getattr(task, "lifo", False) else jobs[first.id].seq > 0
+    for result in (first, second):
+        job = jobs[result.id]
+        assert (result.status, result.args, result.kwargs, result.enqueued_at) == (
+            TaskResultStatus.READY,
+            [1],
+            {"b": [2]},
+            job.enqueued_at,
+        )
+        assert result.trace_id == job.trace_id
+        assert result.task is task and not result.duplicate
+    if getattr(task, "trace_id", None):
+        assert first.trace_id == second.trace_id == task.trace_id
+    else:
+        assert first.trace_id != second.trace_id
+    events = Event.objects.filter(kind="enqueued")
+    assert sorted(str(e.job_id) for e in events) == sorted([first.id, second.id])
+
+
+@db
+def test_a_plain_task_follows_the_settings_it_is_enqueued_under():
+    """The plain enqueue's per-task cache is made again when the settings change."""
+    tasks.noop.enqueue()
+    with override_settings(DJANGO_JOBS={"MAX_ATTEMPTS": 4, "EVENTS": False}):
+        tasks.noop.enqueue()
+    tasks.noop.enqueue()
+    attempts = list(Job.objects.order_by("seq").values_list("max_attempts", flat=True))
+    assert attempts == [1, 4, 1]
+    assert Event.objects.filter(kind="enqueued").count() == 2  # none for the job enqueued with EVENTS off

@@ -62,7 +62,16 @@ from .dedup import (
 )
 from .effects import notify, write_events
 from .flows import FlowJob, FlowParentNotWaiting, cancel_descendants, children_values, insert_flow, settle_dependencies
-from .insert import InsertedJobs, insert_job, insert_jobs, insert_new_job, pipelined
+from .insert import (
+    InsertedJobs,
+    PlainJob,
+    insert_job,
+    insert_jobs,
+    insert_new_job,
+    insert_plain_job,
+    pipelined,
+    plain_job,
+)
 from .maintenance import (
     RescuedJob,
     delete_jobs,
@@ -137,6 +146,9 @@ __all__ = [
     "insert_jobs",
     "pipelined",
     "insert_new_job",
+    "insert_plain_job",
+    "PlainJob",
+    "plain_job",
     "is_cancel_requested",
     "is_queue_paused",
     "known_queues",

@@ -78,6 +78,84 @@ def insert_new_job(job: NewJob, *, using: str, now: datetime | None = None) -> N
     return row
 
 
+class PlainJob(NamedTuple):
+    """What every job of one task shares when it has no ``run_after``, partition, dedup or
+    idempotency key: :func:`insert_plain_job` adds the arguments, an id and the times. Made once
+    per task by ``JobsBackend.enqueue`` (from a validated task), reused for each of its jobs."""
+
+    using: str
+    backend: str
+    queue: str
+    task_path: str
+    priority: int
+    max_attempts: int
+    options_json: str
+    lifo: bool
+    #: The task's own trace id (``.using(trace_id=...)``); None: the running job's, or a new one.
+    trace_id: str | None
+    #: The settings' NOTIFY channel, and the events' (None: EVENTS off), read when it was made.
+    notify_channel: str
+    events_channel: str | None
+
+
+def plain_job(
+    *, using: str, backend: str, queue: str, task_path: str, priority: int, max_attempts: int,
+    options: dict[str, Any], lifo: bool, trace_id: str | None,
+) -> PlainJob | None:  # fmt: skip
+    """The :class:`PlainJob` of a task with these fields, or None where :func:`insert_plain_job`
+    does not serve ``using``: it needs an INSERT that carries the job's event and stamps the
+    database clock (PostgreSQL); elsewhere :func:`insert_new_job` does it all. Reads the
+    settings now: make a new one when they change."""
+    d = driver(using)
+    if not (d.FUSED_EFFECTS and d.DATABASE_CLOCK):
+        return None
+    return PlainJob(
+        using, backend, queue, task_path, priority, max_attempts, _json(options), lifo, trace_id,
+        get_settings().NOTIFY_CHANNEL, events_channel() if events_enabled() else None,
+    )  # fmt: skip
+
+
+def insert_plain_job(plain: PlainJob, args_json: str, kwargs_json: str) -> tuple[uuid.UUID, datetime, str] | None:
+    """Insert one waiting job of ``plain`` with these arguments (JSON the caller validated) in
+    the caller's transaction: :func:`insert_new_job`'s statement (the row, its ``enqueued``
+    event, the NOTIFYs, the queue's size-limit guard; prepared), without building a
+    :class:`NewJob` or a :class:`NewRow` first. Only where :func:`plain_inserts` says so.
+
+    ``enqueue()`` of a plain job is a hot path bound by the client's Python as much as by the
+    database: this path is what that costs, and no more. Returns ``(id, enqueued_at,
+    trace_id)``, or None when the queue has a size limit: nothing was inserted, and the caller
+    goes through :func:`insert_new_job`, which admits the job under the queue's lock.
+    """
+    d = driver(plain.using)
+    conn = d.connection
+    now = timezone.now()
+    job_id = uuid7()
+    trace_id = trace_id_for_new_job(plain.trace_id)
+    queue = plain.queue
+    wake = _first_notify_in_transaction(conn, queue)
+    # In insert_sql's column order (see _insert_params): enqueued_at None is the database clock.
+    params = [
+        job_id, plain.backend, queue, plain.task_path, args_json, kwargs_json, _WAITING, plain.priority, now,
+        plain.options_json, plain.max_attempts, None, ready_seq(now, plain.lifo), trace_id, None, None, None, False,
+        queue,
+    ]  # fmt: skip
+    if wake:
+        params.append(plain.notify_channel)
+    events = plain.events_channel is not None
+    if events:
+        params.append(plain.events_channel)
+    with d.cursor(hot=True) as cursor:
+        inserted, stored = d.insert_job(cursor, params, notify=wake, once=False, guarded=True, events=events)
+    if not inserted:
+        if wake and conn.in_atomic_block and not conn.savepoint_ids:
+            _sent_in_transaction(conn).discard(queue)  # that NOTIFY went with no row
+        return None
+    return job_id, d.to_dt(stored), trace_id
+
+
+_WAITING = JobState.WAITING.value
+
+
 def _new_job(job: NewJob, **row: Any) -> Job:
     """The unsaved ``Job`` of ``job``: :func:`_new_row`'s arguments, its row."""
     return _as_job(_new_row(job, **row))
