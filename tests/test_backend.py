@@ -762,3 +762,24 @@ def test_a_plain_task_follows_the_settings_it_is_enqueued_under():
     attempts = list(Job.objects.order_by("seq").values_list("max_attempts", flat=True))
     assert attempts == [1, 4, 1]
     assert Event.objects.filter(kind="enqueued").count() == 2  # none for the job enqueued with EVENTS off
+
+
+@db
+def test_the_enqueue_insert_is_seen_by_django_query_log_and_execute_wrappers():
+    """The plain insert runs on a cursor kept between calls (PostgreSQL), still wrapped by Django:
+    CaptureQueriesContext and connection.execute_wrapper see every enqueue's statement."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    for _ in range(2):
+        with CaptureQueriesContext(connection) as captured, connection.execute_wrapper(wrapper):
+            tasks.noop.enqueue()
+        assert [q for q in captured.captured_queries if "INSERT INTO django_jobs_job" in q["sql"]]
+    assert len([s for s in seen if "INSERT INTO django_jobs_job" in s]) == 2
+    assert Job.objects.count() == 2

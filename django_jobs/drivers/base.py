@@ -408,6 +408,11 @@ class Driver:
         inserted = cursor.rowcount == 1
         return inserted, cursor.fetchone()[0] if inserted and self.DATABASE_CLOCK else None
 
+    def insert_plain_job(self, params: list[Any], *, notify: bool, events: bool) -> tuple[bool, Any]:
+        """:meth:`insert_job` of ``enqueue()``'s plain insert (engine.insert_plain_job), where
+        the driver has :attr:`FUSED_EFFECTS` and :attr:`DATABASE_CLOCK`."""
+        raise NotImplementedError
+
     def insert_jobs(
         self,
         cursor: Any,

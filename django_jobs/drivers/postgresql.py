@@ -171,6 +171,15 @@ class PostgreSQLDriver(Driver):
     def insert_job_sql(self, *, notify: bool, once: bool, guarded: bool, events: bool) -> str:
         return insert_sql(True, notify=notify, once=once, guarded=guarded, events=events)
 
+    def insert_plain_job(self, params: list[Any], *, notify: bool, events: bool) -> tuple[bool, Any]:
+        """:meth:`insert_job` of ``enqueue()``'s plain insert (``guarded``, neither ``once``
+        nor a partition), on a cursor kept for it (:func:`kept_cursor`)."""
+        cursor = kept_cursor(self.connection)
+        if cursor is None:
+            with self.cursor(hot=True) as cursor:
+                return self.insert_job(cursor, params, notify=notify, once=False, guarded=True, events=events)
+        return self.insert_job(cursor, params, notify=notify, once=False, guarded=True, events=events)
+
     def insert_jobs(
         self,
         cursor: Any,
@@ -396,6 +405,25 @@ def _native_timestamptz_loader() -> type:
     from psycopg.types.datetime import TimestamptzLoader  # optional: the package imports without psycopg
 
     return TimestamptzLoader
+
+
+def kept_cursor(connection: Any) -> Any:
+    """:func:`prepared_cursor` for ``enqueue()``'s insert, kept open on the connection and reused
+    (wrapped anew each time, so the debug query log and execute wrappers still see it), or None
+    where prepared statements are off: use :func:`prepared_cursor` then. The caller must not
+    close it. Making a psycopg cursor (its adapters, its loaders) and Django's wrapper was a
+    tenth of the client's Python in a one-job enqueue."""
+    if _refused_by_pooler or not get_settings().PREPARED_STATEMENTS:
+        return None
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    raw = connection.connection
+    if not hasattr(raw, "prepare_threshold"):  # psycopg2
+        return None
+    cursor = getattr(raw, "_django_jobs_kept", None)
+    if cursor is None or cursor.closed:
+        cursor = raw._django_jobs_kept = _prepared_cursor_class()(raw)
+    return connection._prepare_cursor(cursor)
 
 
 #: A pooler refused a prepared statement (it does not keep them across transactions): from

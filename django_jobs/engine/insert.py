@@ -144,8 +144,7 @@ def insert_plain_job(plain: PlainJob, args_json: str, kwargs_json: str) -> tuple
     events = plain.events_channel is not None
     if events:
         params.append(plain.events_channel)
-    with d.cursor(hot=True) as cursor:
-        inserted, stored = d.insert_job(cursor, params, notify=wake, once=False, guarded=True, events=events)
+    inserted, stored = d.insert_plain_job(params, notify=wake, events=events)
     if not inserted:
         if wake and conn.in_atomic_block and not conn.savepoint_ids:
             _sent_in_transaction(conn).discard(queue)  # that NOTIFY went with no row
