@@ -45,7 +45,8 @@ from ..exceptions import JobsConfigurationError, WorkerCrashed
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Executor, error_record, event_loop_thread, outcome_for
+from .coroutines import LoopRunner
+from .executor import Attempt, Executor, error_record, event_loop_thread, outcome_for, with_runtime
 from .holdings import Attempts, Leases
 from .isolation import ChildProcess, Children
 from .listener import CHANNEL_RE, Listener
@@ -164,6 +165,11 @@ class Worker:
         # Children of --isolation process, so shutdown can stop those still running jobs.
         self._children = Children(worker_id=self.worker_id, executor=self._executor, stats=self.stats)
         self._listener: Listener | None = None
+        # Async def tasks without middleware run as tasks on the event loop, holding no thread
+        # (see .coroutines); in a child process (--isolation process) every job takes its slot.
+        loop_runner = None
+        if isolation == "thread":
+            loop_runner = LoopRunner(executor=self._executor, loop_getter=self._event_loop, finish=self._finish_on_loop)
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._producer = Producer(
             using=self.using,
@@ -185,6 +191,7 @@ class Worker:
             attempts=self._attempts,
             leases=self._leases,
             stats=self.stats,
+            loop_runner=loop_runner,
         )
         self._watchdog = Watchdog(
             using=self.using,
@@ -324,6 +331,14 @@ class Worker:
         finally:
             if child is not None:
                 child.close()
+
+    def _finish_on_loop(self, attempt: Attempt, outcome: engine.Outcome | None) -> None:
+        """An attempt run on the event loop ended with ``outcome`` (None: whoever recorded it
+        freed its slot already)."""
+        if outcome is None:
+            return
+        self._attempts.discard(attempt)
+        self._producer.finish(with_runtime(attempt, outcome))
 
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
         """Count what was stored and send the job signals, ``task_finished`` first (completer
