@@ -6,8 +6,9 @@ Threads of one worker process:
   free slots and hands them to the executor threads, a claim at a time (see
   :mod:`.producer`); when nothing is ready it sleeps until a NOTIFY, a freed slot, or the
   jittered poll interval;
-* ``concurrency`` **executor** threads each run one job at a time (async tasks run on a shared
-  event loop thread while the executor thread holds their slot);
+* ``concurrency`` **executor** threads each run one job at a time; ``async def`` tasks run as
+  tasks on one event loop thread instead, holding no thread (:mod:`.coroutines`), unless the
+  backend has middleware, which needs a thread to block in: then the executor thread waits;
 * the **completer** writes outcomes in batches, guarded on each job's lease (:mod:`.completer`);
 * the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
   the services (promoter, rescuer, reaper, dedup sweeper, partition sweeper, scheduler, pruner;
