@@ -176,6 +176,7 @@ class Executor:
         # result, finished, as Django's backends do, rather than building a second one.
         self._started: dict[int, tuple[ClaimedJob, TaskResult]] = {}
         self._async_funcs: dict[Any, bool] = {}
+        self._on_loop: dict[tuple[str, str], bool] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
         run_after = stored_run_after(job.options)
@@ -388,11 +389,15 @@ class Executor:
         is a plain function around ``call_next``, which needs a thread to block in)."""
         if get_settings(job.backend).MIDDLEWARE:
             return False
-        try:
-            task = self._task_for(job)
-        except Exception:  # noqa: BLE001 - TaskNotFound and the like: the thread path records it
-            return False
-        return self._is_async(task.func)
+        key = (job.task_path, job.backend)
+        answer = self._on_loop.get(key)  # asked for every claimed job: a dict look-up
+        if answer is None:
+            try:
+                task = self._task_for(job)
+            except Exception:  # noqa: BLE001 - TaskNotFound and the like: the thread path records it
+                return False
+            answer = self._on_loop[key] = self._is_async(task.func)
+        return answer
 
     def coroutine_for(self, context: JobContext) -> Any:
         """The coroutine of an ``async def`` task's attempt, not yet started (raises TypeError for
