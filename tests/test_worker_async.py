@@ -92,6 +92,21 @@ def test_sigterm_drains_running_async_jobs_and_starts_no_other(worker_process, p
     assert not Worker.objects.exists()
 
 
+def test_sigterm_after_a_short_grace_cancels_the_coroutine_and_releases_its_job(worker_process, probe):
+    result = tasks_control.async_until_cancelled.enqueue(probe)  # awaits 30 s
+    proc = worker_process("--grace", "1")
+    wait_until(lambda: records_of(probe, "start"), timeout=30, message="the job to start")
+
+    stop(proc)
+
+    assert records_of(probe, "cancelled"), "the coroutine was cancelled, not dropped with the loop"
+    job = Job.objects.get(id=result.id)
+    # Released, not failed: the interrupted attempt is not counted.
+    assert (job.state, job.attempts, job.worker_ids, job.errors, job.lease_token) == ("waiting", 0, [], [], None)
+    assert "releasing them" in read_log(proc)
+    assert "arrived after shutdown" not in read_log(proc)
+
+
 def test_sigkill_mid_async_job_another_worker_reruns_it(worker_process, probe):
     long = tasks_control.async_sleep_then_mark.enqueue(probe, "long", 3)
     a = worker_process("-c", "2", "--worker-id", "worker-a", env=SHORT_LEASE)

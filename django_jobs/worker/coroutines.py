@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,7 @@ class LoopRunner:
         self._loop_getter = loop_getter
         self._finish = finish
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._running: set[LoopTask] = set()  # started on the loop, not ended (loop thread only)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -127,6 +129,7 @@ class LoopRunner:
             # Jobs the coroutine enqueues inherit its trace id.
             task = loop.create_task(coroutine, context=context_running(job.trace_id))
             handle.task = task
+            self._running.add(handle)
             remaining = attempt.remaining()
             if remaining is not None:
                 handle.timer = loop.call_later(remaining, self._expired, handle)
@@ -139,6 +142,7 @@ class LoopRunner:
             handle.timer.cancel()
         task = handle.task
         assert task is not None
+        self._running.discard(handle)
         try:
             self._record(handle, task)
         finally:
@@ -192,6 +196,29 @@ class LoopRunner:
             f"Job {attempt.job.id} was cancelled while it ran; the coroutine was cancelled."))  # fmt: skip
         if outcome is not None:
             self._finish(attempt, outcome)
+
+    def cancel_running(self, timeout: float = 2.0) -> int:
+        """Shutdown, once the grace period is over: cancel the coroutines still running, whose
+        jobs the worker then releases (their outcomes are not recorded). How many were
+        cancelled. Waits up to ``timeout`` for the loop to do it."""
+        loop = self._loop
+        if loop is None:
+            return 0
+        cancelled: list[int] = []
+        done = threading.Event()
+
+        def cancel_all() -> None:
+            n = 0
+            for handle in list(self._running):
+                if handle.task is not None and handle.attempt.settle():  # so no outcome follows
+                    handle.task.cancel()
+                    n += 1
+            cancelled.append(n)
+            done.set()
+
+        loop.call_soon_threadsafe(cancel_all)
+        done.wait(timeout)
+        return cancelled[0] if cancelled else 0
 
     def _internal_failure(self, attempt: Attempt, exc: BaseException) -> engine.Outcome | None:
         # Fail the job rather than release it, which would run it into the same bug forever.

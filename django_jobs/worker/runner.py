@@ -168,9 +168,11 @@ class Worker:
         self._listener: Listener | None = None
         # Async def tasks without middleware run as tasks on the event loop, holding no thread
         # (see .coroutines); in a child process (--isolation process) every job takes its slot.
-        loop_runner = None
+        self._loop_runner: LoopRunner | None = None
         if isolation == "thread":
-            loop_runner = LoopRunner(executor=self._executor, loop_getter=self._event_loop, finish=self._finish_on_loop)
+            self._loop_runner = LoopRunner(
+                executor=self._executor, loop_getter=self._event_loop, finish=self._finish_on_loop
+            )
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._producer = Producer(
             using=self.using,
@@ -192,7 +194,7 @@ class Worker:
             attempts=self._attempts,
             leases=self._leases,
             stats=self.stats,
-            loop_runner=loop_runner,
+            loop_runner=self._loop_runner,
         )
         self._watchdog = Watchdog(
             using=self.using,
@@ -434,6 +436,11 @@ class Worker:
             # Stop the children still running jobs before those jobs are released, so no job
             # runs here and on another worker at once.
             self._children.kill_all()
+        if still_running and self._loop_runner is not None:
+            # Likewise the coroutines on the event loop: cancelled as their jobs are released
+            # (their finally blocks run while the worker winds down). A thread cannot be
+            # stopped; a coroutine can.
+            self._loop_runner.cancel_running()
         # Jobs claimed but not started yet are not run: the release below hands them back.
         self._producer.end_executors()
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.
