@@ -120,6 +120,8 @@ DJANGO_JOBS = {
     # Also the PartitionSweeper's interval: a test that a partition moves on without it sets it long.
     "PROMOTE_INTERVAL": float(os.environ.get("JOBS_TEST_PROMOTE_INTERVAL", "0.2")),
     "RESCUE_INTERVAL": 0.5,
+    # Worker processes of the async mode's tests run with and without a middleware.
+    "MIDDLEWARE": [m for m in os.environ.get("JOBS_TEST_MIDDLEWARE", "").split(",") if m],
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {

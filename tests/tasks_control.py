@@ -152,3 +152,49 @@ def ignores_cancel(path: str) -> str:
 
 def factory_that_raises(call_next):
     raise KeyError("missing configuration")
+
+
+# -- the async mode (tests/test_worker_async.py) --------------------------------------------------
+
+
+def parked_executor_threads() -> int:
+    """How many of this worker's executor threads are waiting on a coroutine (in the executor's
+    ``_invoke``): the async mode parks none."""
+    import sys
+    import threading
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parked = 0
+    for ident, frame in sys._current_frames().items():
+        if not names.get(ident, "").startswith("jobs-exec"):
+            continue
+        while frame is not None:
+            if frame.f_code.co_name == "_invoke" and frame.f_code.co_filename.endswith("executor.py"):
+                parked += 1
+                break
+            frame = frame.f_back
+    return parked
+
+
+@task
+async def async_sleep_then_mark(path: str, key: str, seconds: float) -> str:
+    import threading
+
+    record(path, key=key, event="start", pid=os.getpid(), parked=parked_executor_threads(),
+           thread=threading.current_thread().name)  # fmt: skip
+    await asyncio.sleep(seconds)
+    record(path, key=key, event="end", pid=os.getpid())
+    return key
+
+
+@task(timeout=1)
+async def async_ignores_cancel(path: str) -> str:
+    """Swallows the CancelledError of its timeout and goes on: its late result is discarded."""
+    record(path, event="start")
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        record(path, event="cancelled")
+    await asyncio.sleep(3)
+    record(path, event="end")
+    return "late"

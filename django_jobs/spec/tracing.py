@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import Context, ContextVar, copy_context
 from typing import Any
 
 from ..exceptions import InvalidTaskOptions
@@ -62,6 +62,15 @@ def running(trace_id: str | None) -> Iterator[None]:
         _current.reset(token)
 
 
+def context_running(trace_id: str | None) -> Context:
+    """A copy of the current context in which ``trace_id`` is the current trace id: an
+    ``async def`` job's coroutine runs in it on the worker's event loop."""
+    context = copy_context()
+    context.run(_current.set, trace_id)
+    return context
+
+
 __all__ = [
-    "TRACE_ID_RE", "current_trace_id", "new_trace_id", "running", "trace_id_for_new_job", "validate_trace_id",
+    "TRACE_ID_RE", "context_running", "current_trace_id", "new_trace_id", "running", "trace_id_for_new_job",
+    "validate_trace_id",
 ]  # fmt: skip

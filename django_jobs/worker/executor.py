@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import TaskError
@@ -82,8 +82,9 @@ class Attempt:
         #: Set when the job is cancelled (before or while it runs); ``context.is_cancelled()``
         #: reads it.
         self.cancelled = threading.Event()
-        #: An async task's future, so a cancel or timeout can cancel the coroutine.
-        self.future: concurrent.futures.Future | None = None
+        #: An async task's future, or its handle on the worker's event loop, so a cancel or
+        #: timeout can cancel the coroutine (anything with a thread-safe ``cancel()``).
+        self.future: concurrent.futures.Future | Any | None = None
         #: Run by a child process (``--isolation process``), which the worker kills instead.
         self.in_child = in_child
         #: A worker delivers cancels to ``cancelled``; otherwise the context asks the database.
@@ -106,6 +107,12 @@ class Attempt:
             self._settled = True
             return True
 
+    @property
+    def settled(self) -> bool:
+        """Whether the right to record the outcome was taken (read it only on the thread that
+        may take it)."""
+        return self._settled
+
     def cancel(self) -> None:
         """The job was cancelled: tell the task, and cancel it outright when it is a coroutine."""
         self.cancelled.set()
@@ -115,6 +122,13 @@ class Attempt:
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+class Begun(NamedTuple):
+    """An attempt :meth:`Executor.begin` started: its task, and the context to call it with."""
+
+    task: Task
+    context: JobContext
 
 
 def event_loop_thread(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -162,6 +176,7 @@ class Executor:
         # result, finished, as Django's backends do, rather than building a second one.
         self._started: dict[int, tuple[ClaimedJob, TaskResult]] = {}
         self._async_funcs: dict[Any, bool] = {}
+        self._on_loop: dict[tuple[str, str], bool] = {}
 
     def _task_for(self, job: ClaimedJob) -> Task:
         run_after = stored_run_after(job.options)
@@ -212,9 +227,28 @@ class Executor:
         Returns None when the worker gave the attempt up meanwhile (see :meth:`give_up`): its
         late outcome is dropped and logged. The outcome carries the attempt's run time.
         """
-        return _timed(attempt, self._execute(job, attempt))
+        return with_runtime(attempt, self._execute(job, attempt))
 
     def _execute(self, job: ClaimedJob, attempt: Attempt) -> Outcome | None:
+        begun = self.begin(job, attempt)
+        if not isinstance(begun, Begun):
+            return begun
+        try:
+            # Jobs the task enqueues inherit its trace id (middleware sees it too).
+            with running_trace(job.trace_id):
+                value = self.chain_for(job.backend)(begun.context)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
+            return self.conclude(job, attempt, begun.task, exc=exc)
+        return self.conclude(job, attempt, begun.task, value=value)
+
+    def begin(self, job: ClaimedJob, attempt: Attempt) -> Begun | Outcome | None:
+        """Start an attempt: resolve its task, send ``task_started`` and build its context.
+        Returns the :class:`Begun` attempt to call, or its outcome when it ends here (cancelled
+        before it started, a task that does not resolve; None when that outcome was recorded
+        by someone else). Call it from a thread without a running event loop: receivers of
+        ``task_started`` may use the ORM."""
         if attempt.deadline is None:
             attempt.start()
         if attempt.cancelled.is_set():
@@ -243,20 +277,31 @@ class Executor:
                 database=get_settings(job.backend).DATABASE,
                 attempt_state=attempt,
             )
-            # Jobs the task enqueues inherit its trace id (middleware sees it too).
-            with running_trace(job.trace_id):
-                value = self.chain_for(job.backend)(context)
+        except Exception as exc:  # noqa: BLE001 - recorded on the job, like a task's error
+            return self.conclude(job, attempt, task, exc=exc)
+        return Begun(task, context)
+
+    def conclude(
+        self, job: ClaimedJob, attempt: Attempt, task: Task, *, value: Any = None, exc: BaseException | None = None
+    ) -> Outcome | None:
+        """The outcome of an attempt that returned ``value`` or raised ``exc``: completed with a
+        JSON return value, or classified (:meth:`_failure`). None when the worker gave the
+        attempt up meanwhile (its late outcome is logged and dropped)."""
+        if exc is None:
             try:
                 if value is None:  # most tasks return nothing
                     value_json = "null"
                 else:
-                    check_json(value, "the return value")
+                    try:
+                        check_json(value, "the return value")
+                    except InvalidTaskArguments as bad:
+                        raise NonJSONReturnValue(
+                            f"{task.module_path} returned a value that is not JSON: {bad}"
+                        ) from None
                     value_json = _JSON_ENCODER.encode(value)
-            except InvalidTaskArguments as exc:
-                raise NonJSONReturnValue(f"{task.module_path} returned a value that is not JSON: {exc}") from None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - a task's failure (SystemExit too) is recorded
+            except Exception as bad:  # noqa: BLE001 - NonJSONReturnValue, or what the encoder raised
+                exc = bad
+        if exc is not None:
             if not attempt.settle():
                 return self._late(job, f"failed with {exc!r}")
             return self._failure(job, exc)
@@ -267,7 +312,7 @@ class Executor:
     def give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         """Record ``attempt`` as failed with ``exc`` (a timeout, or a cancel or death in a child
         process) unless its own outcome was recorded first; None then."""
-        return _timed(attempt, self._give_up(attempt, exc))
+        return with_runtime(attempt, self._give_up(attempt, exc))
 
     def _give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         if not attempt.settle():
@@ -337,6 +382,29 @@ class Executor:
         if answer is None:
             answer = self._async_funcs[func] = iscoroutinefunction(func)
         return answer
+
+    def runs_on_loop(self, job: ClaimedJob) -> bool:
+        """Whether an attempt of ``job`` can run as a task on the worker's event loop, holding no
+        thread: its task is an ``async def`` and its backend has no ``MIDDLEWARE`` (a middleware
+        is a plain function around ``call_next``, which needs a thread to block in)."""
+        if get_settings(job.backend).MIDDLEWARE:
+            return False
+        key = (job.task_path, job.backend)
+        answer = self._on_loop.get(key)  # asked for every claimed job: a dict look-up
+        if answer is None:
+            try:
+                task = self._task_for(job)
+            except Exception:  # noqa: BLE001 - TaskNotFound and the like: the thread path records it
+                return False
+            answer = self._on_loop[key] = self._is_async(task.func)
+        return answer
+
+    def coroutine_for(self, context: JobContext) -> Any:
+        """The coroutine of an ``async def`` task's attempt, not yet started (raises TypeError for
+        arguments the function does not take)."""
+        result = context.task_result
+        args = [context, *result.args] if result.task.takes_context else result.args
+        return result.task.func(*args, **result.kwargs)
 
     def _invoke(self, context: JobContext) -> Any:
         """The innermost handler of the middleware chain: call the task."""
@@ -456,7 +524,7 @@ def _send(signal: Any, sender: type, task_result: TaskResult) -> None:
             logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response)
 
 
-def _timed(attempt: Attempt, outcome: Outcome | None) -> Outcome | None:
+def with_runtime(attempt: Attempt, outcome: Outcome | None) -> Outcome | None:
     """``outcome`` with the attempt's run time (the Metric and event ``runtime_ms``)."""
     if outcome is not None and attempt.started is not None and outcome.runtime_ms is None:
         outcome.runtime_ms = round((time.monotonic() - attempt.started) * 1000)

@@ -71,7 +71,8 @@ class Attempts:
 
     def due(self, now: float) -> list[Attempt]:
         """The attempts of sync tasks run by threads that are past their deadline. (An async
-        task's thread enforces its own deadline; a child process's thread kills the child.)"""
+        task's deadline is enforced by the thread waiting for it or by the event loop; a child
+        process's thread kills the child.)"""
         with self._attempts_lock:
             return [
                 a

@@ -26,6 +26,7 @@ from ..exceptions import JobCancelled
 from ..models import Job
 from ..states import JobState
 from .completer import Completer
+from .coroutines import LoopRunner
 from .executor import Attempt, Executor, job_timeout
 from .holdings import Attempts, Leases
 from .stats import WorkerStats
@@ -90,6 +91,7 @@ class Producer:
         attempts: Attempts,
         leases: Leases,
         stats: WorkerStats,
+        loop_runner: LoopRunner | None = None,
     ):
         self.using = using
         self.backend = backend
@@ -110,6 +112,12 @@ class Producer:
         self._attempts = attempts
         self._held = leases
         self.stats = stats
+        #: Runs the attempts of async def tasks on the event loop (None: every job takes a thread).
+        self._loop_runner = loop_runner
+        # Set once an attempt ran on the loop: from then on the worker claims only for free
+        # slots (no prefetch), since an attempt on the loop starts at once, not when a thread is
+        # free, and concurrency must bound the jobs running at once.
+        self._loop_seen = False
 
         self._gated: list[str] = []
         self._gated_checked_at = float("-inf")
@@ -220,17 +228,26 @@ class Producer:
                 in_child = self.isolation == "process"
                 attempts = [Attempt(job, timeout=job_timeout(job), watched=True, in_child=in_child) for job in claimed]
                 self._attempts.add(attempts)
+                on_loop = self._for_loop(attempts)
                 with self._slots:
                     self._claimed_total += len(claimed)
                     self._inflight += len(claimed)
-                    if not self._ready:
-                        self._ready_moved = time.monotonic()
-                    # A limited queue's jobs go first, so they hold its limit only until a
-                    # thread is free (see _claim).
-                    self._ready.extendleft(reversed(attempts[: len(gated)]))
-                    self._ready.extend(attempts[len(gated) :])
-                    # One thread for the whole claim; the others only if its jobs turn out long.
-                    self._work.notify()
+                    first, rest = attempts[: len(gated)], attempts[len(gated) :]
+                    if on_loop:
+                        first = [a for a in first if id(a) not in on_loop]
+                        rest = [a for a in rest if id(a) not in on_loop]
+                    if first or rest:
+                        if not self._ready:
+                            self._ready_moved = time.monotonic()
+                        # A limited queue's jobs go first, so they hold its limit only until a
+                        # thread is free (see _claim).
+                        self._ready.extendleft(reversed(first))
+                        self._ready.extend(rest)
+                        # One thread for the whole claim; the others only if its jobs turn out long.
+                        self._work.notify()
+                if on_loop:
+                    assert self._loop_runner is not None
+                    self._loop_runner.start([a for a in attempts if id(a) in on_loop])
                 jobs = claimed
                 backlog = len(jobs) == free
                 if backlog:
@@ -249,9 +266,20 @@ class Producer:
                 with self._slots:
                     self._spread()
 
+    def _for_loop(self, attempts: list[Attempt]) -> set[int]:
+        """The ids of the ``attempts`` that run on the event loop rather than on a thread."""
+        if self._loop_runner is None:
+            return set()
+        ids = {id(a) for a in attempts if self._executor.runs_on_loop(a.job)}
+        if ids:
+            self._loop_seen = True
+        return ids
+
     def _cap(self) -> int:
         """How many claimed jobs the worker may hold now (see SHORT_JOB)."""
         avg = self._run_avg
+        if self._loop_seen:
+            return self.concurrency
         if avg is not None and avg < SHORT_JOB and not self._prefetch_paused:
             return self.concurrency * self.prefetch
         return self.concurrency

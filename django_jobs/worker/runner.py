@@ -6,8 +6,9 @@ Threads of one worker process:
   free slots and hands them to the executor threads, a claim at a time (see
   :mod:`.producer`); when nothing is ready it sleeps until a NOTIFY, a freed slot, or the
   jittered poll interval;
-* ``concurrency`` **executor** threads each run one job at a time (async tasks run on a shared
-  event loop thread while the executor thread holds their slot);
+* ``concurrency`` **executor** threads each run one job at a time; ``async def`` tasks run as
+  tasks on one event loop thread instead, holding no thread (:mod:`.coroutines`), unless the
+  backend has middleware, which needs a thread to block in: then the executor thread waits;
 * the **completer** writes outcomes in batches, guarded on each job's lease (:mod:`.completer`);
 * the **maintainer** renews leases and the heartbeat, looks for cancelled running jobs, and runs
   the services (promoter, rescuer, reaper, dedup sweeper, partition sweeper, scheduler, pruner;
@@ -45,7 +46,8 @@ from ..exceptions import JobsConfigurationError, WorkerCrashed
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
-from .executor import Executor, error_record, event_loop_thread, outcome_for
+from .coroutines import LoopRunner
+from .executor import Attempt, Executor, error_record, event_loop_thread, outcome_for, with_runtime
 from .holdings import Attempts, Leases
 from .isolation import ChildProcess, Children
 from .listener import CHANNEL_RE, Listener
@@ -164,6 +166,13 @@ class Worker:
         # Children of --isolation process, so shutdown can stop those still running jobs.
         self._children = Children(worker_id=self.worker_id, executor=self._executor, stats=self.stats)
         self._listener: Listener | None = None
+        # Async def tasks without middleware run as tasks on the event loop, holding no thread
+        # (see .coroutines); in a child process (--isolation process) every job takes its slot.
+        self._loop_runner: LoopRunner | None = None
+        if isolation == "thread":
+            self._loop_runner = LoopRunner(
+                executor=self._executor, loop_getter=self._event_loop, finish=self._finish_on_loop
+            )
         self._completer = Completer(using=self.using, stopping=self._stopping, on_written=self._on_written)
         self._producer = Producer(
             using=self.using,
@@ -185,6 +194,7 @@ class Worker:
             attempts=self._attempts,
             leases=self._leases,
             stats=self.stats,
+            loop_runner=self._loop_runner,
         )
         self._watchdog = Watchdog(
             using=self.using,
@@ -325,6 +335,14 @@ class Worker:
             if child is not None:
                 child.close()
 
+    def _finish_on_loop(self, attempt: Attempt, outcome: engine.Outcome | None) -> None:
+        """An attempt run on the event loop ended with ``outcome`` (None: whoever recorded it
+        freed its slot already)."""
+        if outcome is None:
+            return
+        self._attempts.discard(attempt)
+        self._producer.finish(with_runtime(attempt, outcome))
+
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
         """Count what was stored and send the job signals, ``task_finished`` first (completer
         thread, after the commit)."""
@@ -418,6 +436,11 @@ class Worker:
             # Stop the children still running jobs before those jobs are released, so no job
             # runs here and on another worker at once.
             self._children.kill_all()
+        if still_running and self._loop_runner is not None:
+            # Likewise the coroutines on the event loop: cancelled as their jobs are released
+            # (their finally blocks run while the worker winds down). A thread cannot be
+            # stopped; a coroutine can.
+            self._loop_runner.cancel_running()
         # Jobs claimed but not started yet are not run: the release below hands them back.
         self._producer.end_executors()
         # Outcomes first, so finished jobs are recorded, then release whatever still runs.

@@ -55,8 +55,8 @@ class Watchdog:
 
     def run(self) -> None:
         """The watchdog thread: give up attempts of sync tasks run by threads that are past their
-        deadline. (An async task's thread enforces its own deadline; a child process's thread
-        kills the child.)"""
+        deadline. (An async task's deadline is enforced by the thread waiting for it or by the
+        event loop; a child process's thread kills the child.)"""
         while not self._done.wait(0.05):
             now = time.monotonic()
             # Also here, not only at the producer's waits: the producer may be held in a slow
