@@ -128,3 +128,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
+# Subprocess workers of the encryption tests get the test's keys through the environment.
+if os.environ.get("JOBS_TEST_ENCRYPTION_KEYS"):
+    DJANGO_JOBS["ENCRYPTION_KEYS"] = os.environ["JOBS_TEST_ENCRYPTION_KEYS"].split(",")

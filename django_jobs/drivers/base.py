@@ -368,6 +368,20 @@ class Driver:
             cursor.execute(f"UPDATE {QUEUE_TABLE} SET name = name WHERE name = %s{extra} RETURNING {columns}", [queue])
         return cursor.fetchone()
 
+    def lock_jobs(self, cursor: Any, ids: list[uuid.UUID], columns: str) -> list[tuple[Any, ...]]:
+        """Lock the job rows ``ids`` until the transaction ends and return ``columns`` of those
+        that exist (in no particular order); as :meth:`lock_queue`, a write that changes nothing
+        takes the database's write lock where there are no row locks."""
+        if not ids:
+            return []
+        marks = ", ".join([self.cast("%s", "uuid")] * len(ids))
+        params = [self.uuid(i) for i in ids]
+        if self.ROW_LOCKS:
+            cursor.execute(f"SELECT {columns} FROM {JOB_TABLE} WHERE id IN ({marks}) ORDER BY id FOR UPDATE", params)
+        else:
+            cursor.execute(f"UPDATE {JOB_TABLE} SET seq = seq WHERE id IN ({marks}) RETURNING {columns}", params)
+        return cursor.fetchall()
+
     def lock_admission(self, cursor: Any, queue: str, limited: str) -> tuple[Any, ...] | None:
         """Hold ``queue``'s admission lock until the transaction ends and return its
         ``(max_size, partition_max_size)``; None, locking nothing, when its row does not match

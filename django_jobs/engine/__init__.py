@@ -20,7 +20,7 @@ One module per group of verbs; this package re-exports their public names, so ca
 write ``engine.claim_jobs(...)``. Inside the package, modules import downward only::
 
     common <- effects <- partitions <- insert <- dedup, flows <- claim, outcomes, control,
-    schedules, queues, maintenance, workers
+    schedules, queues, maintenance, workers, keys
 """
 
 from ..drivers.base import UNFINISHED_SQL
@@ -63,6 +63,7 @@ from .dedup import (
 from .effects import notify, write_events
 from .flows import FlowJob, FlowParentNotWaiting, cancel_descendants, children_values, insert_flow, settle_dependencies
 from .insert import InsertedJobs, insert_job, insert_jobs, insert_new_job, pipelined
+from .keys import RotatedBatch, rotate_job_keys
 from .maintenance import (
     RescuedJob,
     delete_jobs,
@@ -114,6 +115,7 @@ __all__ = [
     "Outcome",
     "QUEUE_TABLE",
     "RescuedJob",
+    "RotatedBatch",
     "START_TABLE",
     "UNFINISHED_SQL",
     "advance_schedule",
@@ -159,6 +161,7 @@ __all__ = [
     "renew_leases",
     "rescue_stalled_jobs",
     "retry_job",
+    "rotate_job_keys",
     "set_progress",
     "set_queue_paused",
     "settle_dependencies",
