@@ -72,13 +72,17 @@ def retry(result_id: Any, *, backend: str = "default") -> TaskResult:
 
 @dataclass
 class KeyRotation:
-    """What :func:`rotate_keys` did: encrypted jobs ``examined``, ``rotated`` (re-encrypted with
-    the first key; the others had it already), the ids of those no key decrypts
-    (``undecryptable``), and the id the run ended after (``last_id``, for ``after=``)."""
+    """What :func:`rotate_keys` did. Encrypted jobs: ``examined``, ``rotated`` (re-encrypted
+    with the first key; the others had it already) and ``last_id``, the job id the run ended
+    after (for ``after=``). ``flow_values`` and ``stashes``: the encrypted flow children's values
+    on dependency rows and the stashed dedup enqueues re-encrypted. ``undecryptable``: what no
+    key decrypts (a job id, or ``"flow value <id>"`` / ``"dedup stash <id>"``), left as it is."""
 
     examined: int = 0
     rotated: int = 0
-    undecryptable: list[uuid.UUID] = field(default_factory=list)
+    flow_values: int = 0
+    stashes: int = 0
+    undecryptable: list[str] = field(default_factory=list)
     last_id: uuid.UUID | None = None
 
 
@@ -89,30 +93,43 @@ def rotate_keys(
     after: Any = None,
     on_batch: Callable[[KeyRotation], None] | None = None,
 ) -> KeyRotation:
-    """Re-encrypt every encrypted job (``encrypt=True``: arguments, return value, error
-    tracebacks) with the first of ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, ``batch_size`` jobs per
-    transaction, in id order from after the job id ``after`` (None: the first). Safe while workers
-    run (each batch's rows are locked and read again); a job the first key encrypted already is
-    not written, so a run started again after a stop redoes nothing. ``on_batch`` gets the
-    running totals after each batch. Raises EncryptionKeysMissing without keys and
-    InvalidKeyRotation for a ``batch_size`` outside 1-10,000.
+    """Re-encrypt everything stored encrypted with the first of
+    ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, ``batch_size`` rows per transaction: every encrypted job
+    (``encrypt=True``: arguments, return value, error tracebacks) in id order from after the job
+    id ``after`` (None: the first), then the values encrypted flow children left on their
+    dependency rows and the stashed dedup enqueues of encrypted jobs. Safe while workers run
+    (each batch's rows are locked and read again); a row the first key encrypted already is not
+    written, so a run started again after a stop redoes nothing. ``on_batch`` gets the running
+    totals after each batch of jobs. Raises EncryptionKeysMissing without keys and
+    InvalidKeyRotation for a ``batch_size`` outside 1-10,000 or an ``after`` that is not a job id.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
         raise InvalidKeyRotation(f"batch_size must be an integer from 1 to 10,000; got {batch_size!r}.")
-    require_keys()
-    using = task_backends[backend].database
     try:
         start = None if after is None else uuid.UUID(str(after))
     except ValueError:
         raise InvalidKeyRotation(f"after must be a job id (a UUID); got {after!r}.") from None
+    require_keys()
+    using = task_backends[backend].database
     totals = KeyRotation(last_id=start)
-    while True:
-        batch = engine.rotate_job_keys(using=using, limit=batch_size, after=totals.last_id)
-        if not batch.examined:
-            return totals
-        totals.examined += batch.examined
-        totals.rotated += batch.rotated
-        totals.undecryptable += batch.undecryptable
-        totals.last_id = batch.last_id
-        if on_batch is not None:
-            on_batch(totals)
+    for kind in engine.ENCRYPTED_KINDS:
+        cursor = start if kind == "jobs" else None
+        while True:
+            batch = engine.rotate_encrypted(kind, using=using, limit=batch_size, after=cursor)
+            if not batch.examined:
+                break
+            cursor = batch.last_id
+            if kind == "jobs":
+                totals.examined += batch.examined
+                totals.rotated += batch.rotated
+                totals.undecryptable += [str(i) for i in batch.undecryptable]
+                totals.last_id = batch.last_id
+                if on_batch is not None:
+                    on_batch(totals)
+                continue
+            if kind == "flow values":
+                totals.flow_values += batch.rotated
+            else:
+                totals.stashes += batch.rotated
+            totals.undecryptable += [f"{kind[:-1]} {i}" for i in batch.undecryptable]
+    return totals

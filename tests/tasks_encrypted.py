@@ -1,5 +1,7 @@
 """Tasks of the encryption tests (module level, so subprocess workers import them too)."""
 
+import json
+
 from django.tasks import task
 
 from django_jobs import Dedup
@@ -32,3 +34,16 @@ def deduplicated(user_id, secret):
 @task
 def plain(value):
     return value
+
+
+@task(encrypt=True, dedup=Dedup("encrypted-stash", keep_last_if_active=True))
+def kept_last(secret):
+    return secret
+
+
+@task(takes_context=True)
+def gather(context):
+    """A plain flow parent: whether its encrypted children's values reached it decrypted."""
+    return [json.dumps(v) for v in context.children_results().values()] == [
+        json.dumps({"args": ["hunter2-secret"], "kwargs": {}})
+    ]

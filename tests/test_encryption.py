@@ -17,6 +17,7 @@ from django.db import connection
 from django.test import override_settings
 
 import django_jobs
+from django_jobs import engine, schedules
 from django_jobs.checks import check_encryption
 from django_jobs.exceptions import (
     DecryptionFailed,
@@ -26,7 +27,7 @@ from django_jobs.exceptions import (
     InvalidTaskOptions,
     PayloadTooLarge,
 )
-from django_jobs.models import Job, JobDedup
+from django_jobs.models import Job, JobDedup, JobDedupNext, JobDependency
 from django_jobs.spec.encryption import SHOWN, decrypt_json, encrypt_json, is_encrypted
 from django_jobs.testing import assert_enqueued, drain_queue, perform_job
 from tests import tasks_encrypted as te
@@ -207,7 +208,7 @@ def test_rotation_reports_jobs_no_key_decrypts_and_checks_its_options():
         job = te.echo.enqueue(SECRET)
     with keys(KEY_B):
         done = django_jobs.rotate_keys()
-        assert done.undecryptable == [uuid.UUID(job.id)] and done.rotated == 0
+        assert done.undecryptable == [job.id] and done.rotated == 0
         with pytest.raises(DecryptionFailed):
             te.echo.get_result(job.id)
         with pytest.raises(InvalidKeyRotation, match="batch_size"):
@@ -228,10 +229,13 @@ def test_jobs_rotate_keys_command_reports_counts_and_resumes_after_an_id():
         assert "Re-encrypted 2 of 2 encrypted job(s)" in out.getvalue()
         out = io.StringIO()
         call_command("jobs", "rotate-keys", stdout=out)
-        assert "Re-encrypted 1 of 3 encrypted job(s) with the first key (2 had it already)" in out.getvalue()
+        assert (
+            "Re-encrypted 1 of 3 encrypted job(s) with the first key (2 had it already), 0 flow value(s) and 0 "
+            "stashed dedup enqueue(s)." in out.getvalue()
+        )
         with pytest.raises(CommandError, match="batch_size must be an integer from 1 to 10,000"):
             call_command("jobs", "rotate-keys", "--batch-size", "0", stdout=io.StringIO())
-    with keys(KEY_A), pytest.raises(CommandError, match="3 encrypted job"):
+    with keys(KEY_A), pytest.raises(CommandError, match="3 encrypted value"):
         call_command("jobs", "rotate-keys", stdout=io.StringIO(), stderr=io.StringIO())
 
 
@@ -267,6 +271,50 @@ def test_rotation_waits_for_a_concurrent_outcome_and_re_encrypts_it_instead_of_l
     with keys(KEY_B):
         result = te.echo.get_result(job.id)
         assert result.return_value == "late result" and result.args == [SECRET]
+
+
+@pytest.mark.django_db
+def test_flow_children_values_reach_the_parent_decrypted_are_never_copied_in_clear_and_rotate():
+    with keys(KEY_A):
+        ok = django_jobs.flow(te.gather, children=[django_jobs.flow(te.echo, args=(SECRET,))]).enqueue()
+        failing = django_jobs.flow(
+            te.gather, children=[django_jobs.flow(te.leaks.using(max_attempts=1), args=(SECRET,))]
+        )
+        failed = failing.enqueue()
+        drain_queue()
+        assert te.gather.get_result(ok.id).return_value is True
+        edge = JobDependency.objects.get(parent_id=ok.id)
+        assert is_encrypted(edge.value)
+        parent_error = te.gather.get_result(failed.id).errors[0]
+        assert parent_error.exception_class_path == "django_jobs.exceptions.ChildFailed"
+        assert SHOWN in parent_error.traceback and SECRET not in parent_error.traceback
+        assert is_encrypted(JobDependency.objects.get(parent_id=failed.id).value["traceback"])
+        body = superuser_client().get(job_page(ok.id)).content.decode()
+        assert edge.value["$encrypted"][:40] not in body and SHOWN in body
+    with keys(KEY_B, KEY_A):
+        done = django_jobs.rotate_keys()
+        assert (done.examined, done.rotated, done.flow_values) == (2, 2, 2)  # the two children; the parents are plain
+    with keys(KEY_B):
+        values = engine.children_values(using="default", parent_id=uuid.UUID(ok.id))
+        assert values["results"] == {str(edge.child_id): {"args": [SECRET], "kwargs": {}}}
+        failures = engine.children_values(using="default", parent_id=uuid.UUID(failed.id))["failures"]
+        [error] = failures.values()
+        assert f"refused secret {SECRET}" in error["traceback"]  # decrypted with the new key
+
+
+@pytest.mark.django_db
+def test_a_stashed_dedup_enqueue_keeps_its_arguments_encrypted_and_rotates():
+    with keys(KEY_A):
+        holder = te.kept_last.enqueue("first")
+        claim_job(holder)  # running: the next enqueue is stashed
+        stashed = te.kept_last.enqueue(SECRET)
+        assert stashed.duplicate
+        payload = JobDedupNext.objects.get().payload
+        assert is_encrypted(payload["args"]) and SECRET not in json.dumps(payload)
+    with keys(KEY_B, KEY_A):
+        assert django_jobs.rotate_keys().stashes == 1
+    with keys(KEY_B):
+        assert decrypt_json(JobDedupNext.objects.get().payload["args"]) == [SECRET]
 
 
 # -- never shown --------------------------------------------------------------------------------
@@ -332,11 +380,12 @@ def test_the_worker_log_names_the_error_class_only(thread_worker, caplog):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_process_decrypts_the_arguments_and_encrypts_the_result(worker_process, probe):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_worker_process_decrypts_the_arguments_and_encrypts_the_result(worker_process, probe, isolation):
     with keys(KEY_A):
         ok = te.recorded.enqueue(probe, SECRET)
         bad = te.leaks.enqueue(SECRET)
-    proc = worker_process("-c", "2", env={"JOBS_TEST_ENCRYPTION_KEYS": KEY_A})
+    proc = worker_process("-c", "2", "--isolation", isolation, env={"JOBS_TEST_ENCRYPTION_KEYS": KEY_A})
     wait_until(lambda: stored(ok.id).state == "completed" and stored(bad.id).state == "failed", timeout=60)
     with open(probe) as fh:
         assert json.loads(fh.readline()) == {"secret": SECRET}
@@ -359,6 +408,16 @@ def test_a_worker_without_the_key_fails_the_job_and_goes_on(worker_process):
     wait_until(lambda: stored(locked.id).state == "failed" and stored(other.id).state == "completed", timeout=60)
     assert stored(locked.id).errors[-1]["exception_class_path"] == "django_jobs.exceptions.DecryptionFailed"
     assert is_encrypted(stored(locked.id).args)  # left as stored: retry it once the key is back
+
+
+@pytest.mark.django_db
+def test_a_schedule_of_an_encrypted_task_enqueues_encrypted_jobs(key_a):
+    sched = schedules.schedule("nightly-secret", te.echo, every=3600, args=[SECRET])
+    assert SECRET in json.dumps(sched.args)  # declared in code or by your call: not job data
+    job = schedules.run_now(sched)
+    assert is_encrypted(stored(job.id).args) and SECRET not in raw(str(job.id), "args")
+    drain_queue()
+    assert te.echo.get_result(str(job.id)).return_value == {"args": [SECRET], "kwargs": {}}
 
 
 @pytest.mark.django_db

@@ -63,7 +63,8 @@ from .dedup import (
 from .effects import notify, write_events
 from .flows import FlowJob, FlowParentNotWaiting, cancel_descendants, children_values, insert_flow, settle_dependencies
 from .insert import InsertedJobs, insert_job, insert_jobs, insert_new_job, pipelined
-from .keys import RotatedBatch, rotate_job_keys
+from .keys import KINDS as ENCRYPTED_KINDS
+from .keys import RotatedBatch, rotate_encrypted
 from .maintenance import (
     RescuedJob,
     delete_jobs,
@@ -103,6 +104,7 @@ __all__ = [
     "DEDUP_NEXT_TABLE",
     "DEDUP_TABLE",
     "DedupOutcome",
+    "ENCRYPTED_KINDS",
     "EVENT_TABLE",
     "FlowJob",
     "FlowParentNotWaiting",
@@ -161,7 +163,7 @@ __all__ = [
     "renew_leases",
     "rescue_stalled_jobs",
     "retry_job",
-    "rotate_job_keys",
+    "rotate_encrypted",
     "set_progress",
     "set_queue_paused",
     "settle_dependencies",

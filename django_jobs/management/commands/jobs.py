@@ -335,14 +335,16 @@ class Command(BaseCommand):
             done = django_jobs.rotate_keys(backend=self.backend, batch_size=batch_size, after=after, on_batch=report)
         except (InvalidKeyRotation, JobsConfigurationError) as exc:
             raise CommandError(str(exc)) from None
+        bad_jobs = sum(1 for u in done.undecryptable if " " not in u)
         self._done(
             f"Re-encrypted {done.rotated} of {done.examined} encrypted job(s) with the first key "
-            f"({done.examined - done.rotated - len(done.undecryptable)} had it already)."
+            f"({done.examined - done.rotated - bad_jobs} had it already), {done.flow_values} flow value(s) and "
+            f"{done.stashes} stashed dedup enqueue(s)."
         )
         if done.undecryptable:
             raise CommandError(
-                f"{len(done.undecryptable)} encrypted job(s) that no key of ENCRYPTION_KEYS decrypts were left as they "
-                f"are (keep the key that encrypted them): {', '.join(map(str, done.undecryptable[:20]))}"
+                f"{len(done.undecryptable)} encrypted value(s) that no key of ENCRYPTION_KEYS decrypts were left as "
+                f"they are (keep the key that encrypted them): {', '.join(done.undecryptable[:20])}"
                 + (" ..." if len(done.undecryptable) > 20 else "")
             )
 
