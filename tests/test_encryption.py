@@ -485,16 +485,31 @@ def test_the_package_imports_and_runs_plain_jobs_without_cryptography():
         import json, sys
         sys.modules["cryptography"] = None  # as if not installed
         django.setup()
-        import django_jobs.backend, django_jobs.engine, django_jobs.worker, django_jobs.checks
-        from django_jobs.spec.encryption import encrypt_json
-        from django_jobs.exceptions import CryptographyMissing
+        from django.core.management import call_command
         from django.test import override_settings
+        import django_jobs.backend, django_jobs.engine, django_jobs.worker, django_jobs.checks
+        from django_jobs.exceptions import CryptographyMissing
+        from django_jobs.testing import perform_job
+        from django.tasks import task
+
+        @task
+        def plain(value):
+            return value
+
+        @task(encrypt=True)
+        def echo(value):
+            return value
+
+        call_command("migrate", verbosity=0)
         with override_settings(DJANGO_JOBS={"ENCRYPTION_KEYS": [THE_KEY]}):
+            done = perform_job(plain, {"x": 1})
             try:
-                encrypt_json(1)
-                print(json.dumps("encrypted"))
+                echo.enqueue(1)
+                refused = ""
             except CryptographyMissing as exc:
-                print(json.dumps(str(exc)))
+                refused = str(exc)
+        print(json.dumps([done.status, done.return_value, refused]))
         """.replace("THE_KEY", repr(KEY_A))
     )
-    assert "django-db-jobs[encryption]" in loaded
+    assert loaded[:2] == ["SUCCESSFUL", {"x": 1}]
+    assert "django-db-jobs[encryption]" in loaded[2]
