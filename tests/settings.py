@@ -120,6 +120,9 @@ DJANGO_JOBS = {
     # Also the PartitionSweeper's interval: a test that a partition moves on without it sets it long.
     "PROMOTE_INTERVAL": float(os.environ.get("JOBS_TEST_PROMOTE_INTERVAL", "0.2")),
     "RESCUE_INTERVAL": 0.5,
+    # A project that declares encrypt=True tasks configures a key (check W003 warns otherwise); the
+    # encryption tests set their own with override_settings. Made by Fernet.generate_key(), for tests only.
+    "ENCRYPTION_KEYS": ["JUNcOqmtPu5UZ1j3PYmBcvwE4Tot6Rsm9kIaL6CcPO0="],
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
