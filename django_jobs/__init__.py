@@ -29,6 +29,7 @@ _EXPORTS = {
     "follow_events": "eventlog",
     "queue": "queues",
     "retry": "api",
+    "rotate_keys": "api",
     "schedule": "schedules",
     "trace": "tracing",
     "unschedule": "schedules",

@@ -1,9 +1,11 @@
-"""The Python API beyond Django's Tasks framework: ``cancel`` and ``retry`` (more arrives with
-the features that need it). Importable as ``django_jobs.cancel`` / ``django_jobs.retry``."""
+"""The Python API beyond Django's Tasks framework: ``cancel``, ``retry`` and ``rotate_keys`` (more
+arrives with the features that need it). Importable as ``django_jobs.cancel`` and so on."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
@@ -11,9 +13,10 @@ from django.tasks import TaskResult, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 from . import engine
-from .exceptions import JobNotRetryable
+from .exceptions import InvalidKeyRotation, JobNotRetryable
 from .models import JobDependency
 from .signals import job_cancelled, send_job_signal
+from .spec.encryption import require_keys
 
 
 def _job_id(result_id: Any) -> uuid.UUID:
@@ -65,3 +68,68 @@ def retry(result_id: Any, *, backend: str = "default") -> TaskResult:
             )
         raise JobNotRetryable(f"Job {result_id} is {result.status}; only failed or cancelled jobs can be retried.")
     return jobs_backend.get_result(result_id)
+
+
+@dataclass
+class KeyRotation:
+    """What :func:`rotate_keys` did. Encrypted jobs: ``examined``, ``rotated`` (re-encrypted
+    with the first key; the others had it already) and ``last_id``, the job id the run ended
+    after (for ``after=``). ``flow_values`` and ``stashes``: the encrypted flow children's values
+    on dependency rows and the stashed dedup enqueues re-encrypted. ``undecryptable``: what no
+    key decrypts (a job id, or ``"flow value <id>"`` / ``"dedup stash <id>"``), left as it is."""
+
+    examined: int = 0
+    rotated: int = 0
+    flow_values: int = 0
+    stashes: int = 0
+    undecryptable: list[str] = field(default_factory=list)
+    last_id: uuid.UUID | None = None
+
+
+def rotate_keys(
+    *,
+    backend: str = "default",
+    batch_size: int = 500,
+    after: Any = None,
+    on_batch: Callable[[KeyRotation], None] | None = None,
+) -> KeyRotation:
+    """Re-encrypt everything stored encrypted with the first of
+    ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, ``batch_size`` rows per transaction: every encrypted job
+    (``encrypt=True``: arguments, return value, error tracebacks) in id order from after the job
+    id ``after`` (None: the first), then the values encrypted flow children left on their
+    dependency rows and the stashed dedup enqueues of encrypted jobs. Safe while workers run
+    (each batch's rows are locked and read again); a row the first key encrypted already is not
+    written, so a run started again after a stop redoes nothing. ``on_batch`` gets the running
+    totals after each batch of jobs. Raises EncryptionKeysMissing without keys and
+    InvalidKeyRotation for a ``batch_size`` outside 1-10,000 or an ``after`` that is not a job id.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
+        raise InvalidKeyRotation(f"batch_size must be an integer from 1 to 10,000; got {batch_size!r}.")
+    try:
+        start = None if after is None else uuid.UUID(str(after))
+    except ValueError:
+        raise InvalidKeyRotation(f"after must be a job id (a UUID); got {after!r}.") from None
+    require_keys()
+    using = task_backends[backend].database
+    totals = KeyRotation(last_id=start)
+    for kind in engine.ENCRYPTED_KINDS:
+        cursor = start if kind == "jobs" else None
+        while True:
+            batch = engine.rotate_encrypted(kind, using=using, limit=batch_size, after=cursor)
+            if not batch.examined:
+                break
+            cursor = batch.last_id
+            if kind == "jobs":
+                totals.examined += batch.examined
+                totals.rotated += batch.rotated
+                totals.undecryptable += [str(i) for i in batch.undecryptable]
+                totals.last_id = batch.last_id
+                if on_batch is not None:
+                    on_batch(totals)
+                continue
+            if kind == "flow values":
+                totals.flow_values += batch.rotated
+            else:
+                totals.stashes += batch.rotated
+            totals.undecryptable += [f"{kind[:-1]} {i}" for i in batch.undecryptable]
+    return totals

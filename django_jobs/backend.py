@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import logging
 import uuid
 from collections.abc import Iterable
@@ -36,6 +37,14 @@ from .conf import get_settings
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions, RunAfterOutOfRange
 from .spec.backoff import backoff_path
 from .spec.dedup import Dedup
+from .spec.encryption import (
+    decrypt_arguments,
+    decrypt_errors,
+    decrypt_json,
+    encrypt_arguments,
+    hash_key,
+    is_encrypted,
+)
 from .spec.newjob import NewJob
 from .spec.options import (
     JOB_OPTIONS,
@@ -119,6 +128,9 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     at once, None keeps forever); overrides ``DJANGO_JOBS["RETENTION"]`` (docs/howto/retention.md).
     ``schedule``: enqueue this task at every tick (``"*/5 * * * *"``, ``timedelta(minutes=5)``
     or a dict of schedule options); synced by each worker at start like ``SCHEDULES``.
+    ``encrypt``: store the job's arguments, return value and error tracebacks encrypted with
+    ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, and its dedup or idempotency key hashed
+    (docs/howto/encryption.md); ``get_result()`` and the task see the plain values.
     """
 
     max_attempts: int | None = None
@@ -130,6 +142,7 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     trace_id: str | None = None
     partition: str | None = None
     retention: dict[str, Any] | None = None
+    encrypt: bool = False
     #: Run this task on a schedule: a cron expression, an interval (seconds or timedelta) or a
     #: dict of schedule options (docs/howto/schedules.md). Not a per-enqueue option.
     schedule: Any = None
@@ -473,17 +486,18 @@ class JobsBackend(BaseTaskBackend):
             and getattr(task, "partition", None) is None
         ):
             max_attempts, options = job_fields(task, default_max_attempts=settings.MAX_ATTEMPTS)
-            plain = engine.plain_job(
-                using=self.database,
-                backend=self.alias,
-                queue=task.queue_name,
-                task_path=task.module_path,
-                priority=task.priority,
-                max_attempts=max_attempts,
-                options=options,
-                lifo=bool(getattr(task, "lifo", False)),
-                trace_id=getattr(task, "trace_id", None),
-            )
+            if "encrypt" not in options:  # an encrypted job's arguments are stored encrypted: the general path
+                plain = engine.plain_job(
+                    using=self.database,
+                    backend=self.alias,
+                    queue=task.queue_name,
+                    task_path=task.module_path,
+                    priority=task.priority,
+                    max_attempts=max_attempts,
+                    options=options,
+                    lifo=bool(getattr(task, "lifo", False)),
+                    trace_id=getattr(task, "trace_id", None),
+                )
         if len(_PLAIN) >= _PLAIN_MAX:  # tasks made per call by .using(): keep the cache small
             _PLAIN.clear()
         _PLAIN[key] = (task, settings, plain)
@@ -525,13 +539,17 @@ class JobsBackend(BaseTaskBackend):
         )
         dedup = getattr(task, "dedup", None)
         idempotency_key = getattr(task, "idempotency_key", None)
+        encrypted = "encrypt" in options
         if dedup is not None:
-            result, _ = self._enqueue_deduplicated(task, dedup, job, notify_workers=True)
+            result, _ = self._enqueue_deduplicated(task, dedup, job, notify_workers=True, plain=(args, kwargs))
         elif idempotency_key is not None:
+            if encrypted:  # the key may quote the arguments: only its hash is stored
+                idempotency_key = hash_key(idempotency_key)
             found, created = engine.insert_job_once(job, using=self.database, idempotency_key=idempotency_key)
             result = self._result_from_job(found, _same_task(task, found), duplicate=not created)
         else:
-            result = self._result_from_new_job(engine.insert_new_job(job, using=self.database), task)
+            row = engine.insert_new_job(job, using=self.database)
+            result = self._result_from_new_job(row, task, plain=(args, kwargs) if encrypted else None)
         if not result.duplicate:
             transaction.on_commit(
                 lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
@@ -539,16 +557,20 @@ class JobsBackend(BaseTaskBackend):
         return result
 
     def _enqueue_deduplicated(
-        self, task: Task, dedup: Dedup, job: NewJob, *, notify_workers: bool
+        self, task: Task, dedup: Dedup, job: NewJob, *, notify_workers: bool, plain: tuple[list[Any], dict[str, Any]]
     ) -> tuple[JobResult, bool]:
         """One enqueue of ``job`` through :func:`engine.enqueue_deduplicated`; its result, and
-        whether a job became waiting (workers to wake)."""
+        whether a job became waiting (workers to wake). ``plain``: the job's arguments before
+        encryption, which a callable key is computed from; an encrypted job stores its key's hash."""
         from . import engine  # on first use: see the module's docstring (E001)
 
+        key = dedup.key_for(*plain)
+        if "encrypt" in job.options:
+            key = hash_key(key)
         done = engine.enqueue_deduplicated(
             job,
             using=self.database,
-            key=dedup.key_for(job.args, job.kwargs),
+            key=key,
             ttl=dedup.ttl,
             extend=dedup.extend,
             replace=dedup.replace,
@@ -592,7 +614,9 @@ class JobsBackend(BaseTaskBackend):
         max_attempts, options = job_fields(task, default_max_attempts=self.settings.MAX_ATTEMPTS)
         using, cap = self.database, self.settings.MAX_PAYLOAD_BYTES
         trace_id = trace_id_for_new_job(getattr(task, "trace_id", None))
-        # What every job of the call shares; each one's arguments are its item's.
+        encrypted = "encrypt" in options
+        # What every job of the call shares; each one's arguments are its item's. (Encrypted, its
+        # empty arguments are encrypted too: no key configured raises here, before any insert.)
         shared = NewJob.for_task(
             task, backend=self.alias, args=[], kwargs={}, max_attempts=max_attempts, options=options, trace_id=trace_id
         )
@@ -633,6 +657,8 @@ class JobsBackend(BaseTaskBackend):
                     args, kwargs, args_json, kwargs_json = encode_payload(args, kwargs, cap=cap)
                 except InvalidTaskArguments as exc:
                     raise type(exc)(f"enqueue_many item {index}: {exc}") from None
+                if encrypted:  # checked (and the size cap applied) on the plain JSON, stored encrypted
+                    args_json, kwargs_json = map(_json_text, encrypt_arguments(args, kwargs))
                 rows.append((args_json, kwargs_json))
                 payloads.append((args, kwargs))
                 if len(rows) == engine.INSERT_CHUNK:
@@ -665,9 +691,12 @@ class JobsBackend(BaseTaskBackend):
                     stored_args, stored_kwargs = check_payload(args, kwargs, cap=cap)
                 except InvalidTaskArguments as exc:
                     raise type(exc)(f"enqueue_many item {index}: {exc}") from None
+                plain = (stored_args, stored_kwargs)
+                if "encrypt" in shared.options:
+                    stored_args, stored_kwargs = encrypt_arguments(stored_args, stored_kwargs)  # type: ignore[assignment]
                 job = replace(shared, args=stored_args, kwargs=stored_kwargs)
                 try:
-                    result, woke = self._enqueue_deduplicated(task, dedup, job, notify_workers=False)
+                    result, woke = self._enqueue_deduplicated(task, dedup, job, notify_workers=False, plain=plain)
                 except InvalidTaskOptions as exc:
                     raise InvalidTaskOptions(f"enqueue_many item {index}: {exc}") from None
                 results.append(result)
@@ -701,6 +730,9 @@ class JobsBackend(BaseTaskBackend):
     def _result_from_job(self, job: Any, task: Task | None = None, *, duplicate: bool = False) -> TaskResult:
         if task is None:
             task = task_for_job(job.task_path, job.backend, job.queue, job.priority, stored_run_after(job.options))
+        args, kwargs, errors, return_value = job.args, job.kwargs, job.errors, job.return_value
+        if job.options.get("encrypt"):  # stored encrypted: the caller gets the plain values
+            args, kwargs, errors, return_value = _decrypted(args, kwargs, errors, return_value)
         result = JobResult(
             task=task,
             id=str(job.id),
@@ -709,27 +741,31 @@ class JobsBackend(BaseTaskBackend):
             started_at=job.started_at,
             last_attempted_at=job.last_attempted_at,
             finished_at=job.finished_at,
-            args=job.args,
-            kwargs=job.kwargs,
+            args=args,
+            kwargs=kwargs,
             backend=self.alias,
             errors=[
-                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in job.errors
+                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in errors
             ],
             worker_ids=list(job.worker_ids),
             progress=job.progress,
             trace_id=job.trace_id,
             duplicate=duplicate,
         )
-        object.__setattr__(result, "_return_value", job.return_value)
+        object.__setattr__(result, "_return_value", return_value)
         return result
 
-    def _result_from_new_job(self, job: Any, task: Task) -> JobResult:
+    def _result_from_new_job(
+        self, job: Any, task: Task, *, plain: tuple[list[Any], dict[str, Any]] | None = None
+    ) -> JobResult:
         """The result of a job of ``task`` just inserted (an ``engine.NewRow``), as
-        :meth:`_result_from_job` reads it from its ``Job``: not started, no error, no progress."""
+        :meth:`_result_from_job` reads it from its ``Job``: not started, no error, no progress.
+        ``plain``: the arguments of an encrypted job (its row holds their envelopes)."""
         token = _NORMALIZED.set(True)  # the arguments check_payload returned
+        args, kwargs = plain if plain is not None else (job.args, job.kwargs)
         try:
             status = to_task_status(job.state)
-            return _new_result(task, self.alias, job.id, status, job.enqueued_at, job.args, job.kwargs, job.trace_id)
+            return _new_result(task, self.alias, job.id, status, job.enqueued_at, args, kwargs, job.trace_id)
         finally:
             _NORMALIZED.reset(token)
 
@@ -742,6 +778,19 @@ class JobsBackend(BaseTaskBackend):
         from .checks import check_backend  # on first use: see the module's docstring (E001)
 
         return check_backend(self)
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _decrypted(args: Any, kwargs: Any, errors: Any, return_value: Any) -> tuple[Any, Any, Any, Any]:
+    """An encrypted job's stored arguments, errors and return value, decrypted (DecryptionFailed
+    when no configured key can)."""
+    args, kwargs = decrypt_arguments(args, kwargs)
+    if is_encrypted(return_value):  # None until it completed
+        return_value = decrypt_json(return_value)
+    return args, kwargs, decrypt_errors(errors), return_value
 
 
 def _same_task(task: Task, job: Any) -> Task | None:

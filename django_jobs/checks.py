@@ -4,6 +4,7 @@ E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPT
 E003 DATABASE alias unknown or vendor unsupported E004 database too old
 E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
 E007 invalid SCHEDULES declaration                E008 MySQL/MariaDB without SKIP LOCKED
+E009 invalid ENCRYPTION_KEYS, or no cryptography W003 an encrypt=True task without ENCRYPTION_KEYS
 W001 invalid name in QUEUES                      W002 admin without rangefilter
 
 E001 itself is :func:`django_jobs.backend.check_app_installed`: this module imports the drivers,
@@ -30,9 +31,11 @@ from .drivers.postgresql import MIN_VERSION as MIN_POSTGRESQL
 from .drivers.sqlite import MIN_VERSION as MIN_SQLITE
 from .drivers.sqlite import version as sqlite_version
 from .exceptions import InvalidSchedule, JobsConfigurationError
+from .spec.encryption import key_problems, require_keys
 from .spec.queues import QUEUE_NAME_RE
 from .spec.schedules import declaration_fields, declared_schedules
 from .spec.settings import settings_problems
+from .spec.tasks import declared_tasks
 
 SUPPORTED_VENDORS = tuple(DRIVERS)
 
@@ -156,6 +159,43 @@ def _vendor_of(alias: str, engine: str) -> str:
         return connections[alias].vendor
     except Exception:  # noqa: BLE001 - driver missing or alias unknown: unsupported either way
         return engine
+
+
+@checks.register()
+def check_encryption(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E009: ``ENCRYPTION_KEYS`` is not a list of Fernet keys, or cryptography is missing; W003:
+    a declared ``encrypt=True`` task and no key (its enqueue would raise EncryptionKeysMissing)."""
+    try:
+        keys = get_settings().ENCRYPTION_KEYS
+    except (JobsConfigurationError, TypeError):
+        return []  # a malformed DJANGO_JOBS: E002 says so
+    hint = "Generate a key with Fernet.generate_key(); see docs/howto/encryption.md."
+    if keys:
+        problems = key_problems(keys)
+        if problems:
+            return [checks.Error(p, hint=hint, id="django_jobs.E009") for p in problems]
+        try:
+            require_keys()
+        except JobsConfigurationError as exc:  # CryptographyMissing
+            return [
+                checks.Error(
+                    f"ENCRYPTION_KEYS is set but cannot be used: {exc}",
+                    hint='pip install "django-db-jobs[encryption]"',
+                    id="django_jobs.E009",
+                )
+            ]
+        return []
+    encrypted = sorted(t.module_path for t in declared_tasks() if getattr(t, "encrypt", False))
+    if not encrypted:
+        return []
+    return [
+        checks.Warning(
+            f"Task(s) {', '.join(encrypted)} have encrypt=True but DJANGO_JOBS['ENCRYPTION_KEYS'] is empty: enqueueing "
+            "them raises EncryptionKeysMissing.",
+            hint=hint,
+            id="django_jobs.W003",
+        )
+    ]
 
 
 @checks.register(checks.Tags.database)

@@ -93,6 +93,10 @@ class JobsSettings:
     #: connection. Turn off behind a connection pooler that cannot keep prepared statements
     #: (PgBouncer before 1.21 in transaction mode).
     PREPARED_STATEMENTS: bool = True
+    #: Fernet keys for jobs stored encrypted (``encrypt=True``): the first encrypts, every one
+    #: decrypts, so a new key goes first and an old one stays until ``jobs rotate-keys`` ran
+    #: (docs/howto/encryption.md). Validated by check E009.
+    ENCRYPTION_KEYS: tuple[str | bytes, ...] | list[str | bytes] = ()
     #: LISTEN/NOTIFY channel (PostgreSQL).
     NOTIFY_CHANNEL: str = "django_jobs"
     #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
@@ -161,7 +165,7 @@ SETTING_NAMES = frozenset(f.name for f in fields(JobsSettings))
 #: Settings that concern the whole process, not one backend: only DJANGO_JOBS may set them.
 GLOBAL_ONLY = frozenset(
     {"NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS", "EVENTS", "EVENTS_MAX_PER_QUEUE", "RETENTION",
-     "METRICS_KEEP_DAYS", "PREPARED_STATEMENTS"}
+     "METRICS_KEEP_DAYS", "PREPARED_STATEMENTS", "ENCRYPTION_KEYS"}
 )  # fmt: skip
 
 

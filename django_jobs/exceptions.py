@@ -61,6 +61,30 @@ class PrometheusClientMissing(JobsConfigurationError):
     `pip install "django-db-jobs[prometheus]"`."""
 
 
+class CryptographyMissing(JobsConfigurationError):
+    """Encrypted jobs need the cryptography library, which is not installed: run
+    `pip install "django-db-jobs[encryption]"`."""
+
+
+class EncryptionKeysMissing(JobsConfigurationError):
+    """This job is to be stored encrypted (encrypt=True), but DJANGO_JOBS["ENCRYPTION_KEYS"] is empty;
+    nothing was enqueued. Add a key (see docs/howto/encryption.md)."""
+
+
+class InvalidEncryptionKeys(JobsConfigurationError):
+    """DJANGO_JOBS["ENCRYPTION_KEYS"] must be a list of Fernet keys (Fernet.generate_key()), the first
+    one encrypting; see docs/howto/encryption.md."""
+
+
+class DecryptionFailed(JobsError):
+    """None of DJANGO_JOBS["ENCRYPTION_KEYS"] decrypts this value: the key that encrypted it was removed
+    (or never configured here), or the stored value was altered."""
+
+
+class InvalidKeyRotation(JobsError, ValueError):
+    """A key rotation option has an invalid value: batch_size is an integer from 1 to 10,000, after a job id."""
+
+
 class InvalidWorkerOption(JobsError, ValueError):
     """A worker option has an invalid value."""
 

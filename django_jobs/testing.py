@@ -73,11 +73,12 @@ def enqueued_jobs(
         kwargs = json.loads(json.dumps(kwargs))
     results = []
     for job in qs.order_by("enqueued_at", "id"):
-        if want_args is not None and job.args != want_args:
+        result = jobs_backend._result_from_job(job)  # an encrypted job's arguments decrypted
+        if want_args is not None and result.args != want_args:
             continue
-        if kwargs is not None and job.kwargs != kwargs:
+        if kwargs is not None and result.kwargs != kwargs:
             continue
-        results.append(jobs_backend._result_from_job(job))
+        results.append(result)
     return results
 
 

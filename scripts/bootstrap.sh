@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with the newest Python >= 3.12 that actually runs, and install django-db-jobs
-# (editable) with its dev extras, then mysqlclient (the mysql extra) for the MariaDB half of the
+# (editable) with its dev extras (which hold the optional prometheus-client and cryptography the
+# tests use; re-run when pyproject.toml changes), then mysqlclient (the mysql extra) for the MariaDB half of the
 # tests. Idempotent: re-running only installs what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -122,6 +122,9 @@ DJANGO_JOBS = {
     "RESCUE_INTERVAL": 0.5,
     # Worker processes of the async mode's tests run with and without a middleware.
     "MIDDLEWARE": [m for m in os.environ.get("JOBS_TEST_MIDDLEWARE", "").split(",") if m],
+    # A project that declares encrypt=True tasks configures a key (check W003 warns otherwise); the
+    # encryption tests set their own with override_settings. Made by Fernet.generate_key(), for tests only.
+    "ENCRYPTION_KEYS": ["JUNcOqmtPu5UZ1j3PYmBcvwE4Tot6Rsm9kIaL6CcPO0="],
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
@@ -130,3 +133,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
+# Subprocess workers of the encryption tests get the test's keys through the environment.
+if os.environ.get("JOBS_TEST_ENCRYPTION_KEYS"):
+    DJANGO_JOBS["ENCRYPTION_KEYS"] = os.environ["JOBS_TEST_ENCRYPTION_KEYS"].split(",")

@@ -29,6 +29,7 @@ from django.utils.safestring import mark_safe
 
 from .. import engine
 from ..models import Event, Job, JobDependency, JobLog
+from ..spec.encryption import is_encrypted
 from ..states import FINISHED_STATES, JobState
 from .changelist import JobChangeList, UncountedPaginator
 from .filters import (
@@ -41,7 +42,17 @@ from .filters import (
     range_filters,
     search_jobs,
 )
-from .utils import database, error_rows, last_error, moment, parse_uuid, pretty, progress_percent, state_class
+from .utils import (
+    database,
+    error_rows,
+    last_error,
+    moment,
+    parse_uuid,
+    pretty,
+    progress_percent,
+    shown_json,
+    state_class,
+)
 
 #: Jobs an action reads (and hands to the engine) per batch, walking its selection by keyset on
 #: the primary key: a "select all" may cover millions of rows.
@@ -486,6 +497,7 @@ def job_page_context(job: Job) -> dict[str, Any]:
     """Everything the job page shows besides the job's own columns, each list capped."""
     using = database()
     jobs = Job.objects.using(using)
+    encrypted = bool((job.options or {}).get("encrypt"))
     logs = list(JobLog.objects.using(using).of_job(job.pk).order_by("-idx")[: LOG_LINES_SHOWN + 1])  # newest
     events = list(Event.objects.using(using).filter(job_id=job.pk).order_by("txid", "id")[: EVENTS_SHOWN + 1])
 
@@ -513,7 +525,8 @@ def job_page_context(job: Job) -> dict[str, Any]:
             "failure_policy": e.failure_policy,
             "task_path": child_rows.get(e.child_id, {}).get("task_path", ""),
             "state": child_rows.get(e.child_id, {}).get("state", "deleted"),
-            "value": None if e.value is None else pretty(e.value),
+            # An encrypted child's value (or error) is copied here encrypted: never shown.
+            "value": None if e.value is None else shown_json(e.value, _encrypted_error(e.value)),
         }
         for e in edges[:CHILDREN_SHOWN]
     ]
@@ -530,10 +543,11 @@ def job_page_context(job: Job) -> dict[str, Any]:
         # The page follows a job that can still change (the live updates end once it finished).
         "live": job.state not in FINISHED_STATES,
         "state_class": state_class(job.state),
-        "args_json": pretty(job.args),
-        "kwargs_json": pretty(job.kwargs),
+        "encrypted": encrypted,
+        "args_json": shown_json(job.args, encrypted),
+        "kwargs_json": shown_json(job.kwargs, encrypted),
         "options_json": pretty(job.options),
-        "result_json": None if job.return_value is None else pretty(job.return_value),
+        "result_json": None if job.return_value is None else shown_json(job.return_value, encrypted),
         "progress_json": None if job.progress is None else pretty(job.progress),
         "progress_percent": progress_percent(job.progress),
         "errors": [{**e, "at_text": moment(e["at"])} for e in error_rows(job.errors)],
@@ -564,6 +578,10 @@ def job_page_context(job: Job) -> dict[str, Any]:
         "trace_jobs": trace_jobs,
         "trace_cap": TRACE_JOBS_SHOWN,
     }
+
+
+def _encrypted_error(value: Any) -> bool:
+    return isinstance(value, dict) and is_encrypted(value.get("traceback"))
 
 
 __all__ = ["BUTTON_PERMISSIONS", "JOB_ACTIONS", "JobAdmin", "job_page_context"]

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from .. import console
 from ..conf import get_settings
+from ..spec.encryption import SHOWN, is_encrypted, shown_errors
 from ..states import JobState
 
 
@@ -34,6 +35,12 @@ def state_class(state: str) -> str:
 
 def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def shown_json(value: Any, encrypted: bool) -> str:
+    """``value`` as the job pages show it: indented JSON, or "encrypted (not shown)" for an
+    encrypted job's stored value (its arguments, its return value)."""
+    return SHOWN if encrypted or is_encrypted(value) else pretty(value)
 
 
 def progress_percent(value: Any) -> float | None:
@@ -89,9 +96,10 @@ def last_error(errors: Any) -> str:
 
 def error_rows(errors: Any) -> list[dict[str, Any]]:
     """Each failed attempt's error, newest first: class, message (the traceback's last line),
-    attempt, time and traceback."""
+    attempt, time and traceback. An encrypted job's traceback (and so its message) is
+    :data:`~django_jobs.spec.encryption.SHOWN`."""
     rows = []
-    for error in reversed(errors if isinstance(errors, list) else []):
+    for error in reversed(shown_errors(errors) if isinstance(errors, list) else []):
         if not isinstance(error, dict):
             rows.append({"exception": "", "message": pretty(error), "attempt": None, "at": None, "traceback": ""})
             continue

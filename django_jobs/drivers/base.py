@@ -368,6 +368,23 @@ class Driver:
             cursor.execute(f"UPDATE {QUEUE_TABLE} SET name = name WHERE name = %s{extra} RETURNING {columns}", [queue])
         return cursor.fetchone()
 
+    def lock_rows(self, cursor: Any, table: str, ids: list[Any], columns: str) -> list[tuple[Any, ...]]:
+        """Lock the rows of ``table`` (the job table, or one keyed by an integer) whose ``id`` is
+        in ``ids`` until the transaction ends and return ``columns`` of those that exist, in no
+        particular order; as :meth:`lock_queue`, a write that changes nothing takes the
+        database's write lock where there are no row locks."""
+        if not ids:
+            return []
+        jobs = table == JOB_TABLE
+        marks = ", ".join([self.cast("%s", "uuid") if jobs else "%s"] * len(ids))
+        params = [self.uuid(i) for i in ids] if jobs else list(ids)
+        if self.ROW_LOCKS:
+            cursor.execute(f"SELECT {columns} FROM {table} WHERE id IN ({marks}) ORDER BY id FOR UPDATE", params)
+        else:
+            touch = "seq" if jobs else "id"  # a column no index of the job table holds alone
+            cursor.execute(f"UPDATE {table} SET {touch} = {touch} WHERE id IN ({marks}) RETURNING {columns}", params)
+        return cursor.fetchall()
+
     def lock_admission(self, cursor: Any, queue: str, limited: str) -> tuple[Any, ...] | None:
         """Hold ``queue``'s admission lock until the transaction ends and return its
         ``(max_size, partition_max_size)``; None, locking nothing, when its row does not match

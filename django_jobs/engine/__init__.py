@@ -20,7 +20,7 @@ One module per group of verbs; this package re-exports their public names, so ca
 write ``engine.claim_jobs(...)``. Inside the package, modules import downward only::
 
     common <- effects <- partitions <- insert <- dedup, flows <- claim, outcomes, control,
-    schedules, queues, maintenance, workers
+    schedules, queues, maintenance, workers, keys
 """
 
 from ..drivers.base import UNFINISHED_SQL
@@ -72,6 +72,8 @@ from .insert import (
     pipelined,
     plain_job,
 )
+from .keys import KINDS as ENCRYPTED_KINDS
+from .keys import RotatedBatch, rotate_encrypted
 from .maintenance import (
     RescuedJob,
     delete_jobs,
@@ -111,6 +113,7 @@ __all__ = [
     "DEDUP_NEXT_TABLE",
     "DEDUP_TABLE",
     "DedupOutcome",
+    "ENCRYPTED_KINDS",
     "EVENT_TABLE",
     "FlowJob",
     "FlowParentNotWaiting",
@@ -123,6 +126,7 @@ __all__ = [
     "Outcome",
     "QUEUE_TABLE",
     "RescuedJob",
+    "RotatedBatch",
     "START_TABLE",
     "UNFINISHED_SQL",
     "advance_schedule",
@@ -171,6 +175,7 @@ __all__ = [
     "renew_leases",
     "rescue_stalled_jobs",
     "retry_job",
+    "rotate_encrypted",
     "set_progress",
     "set_queue_paused",
     "settle_dependencies",

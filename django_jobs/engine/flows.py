@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from ..drivers import driver
 from ..models import DependencyStatus, Job, JobDependency
+from ..spec.encryption import SHOWN, decrypt_errors, decrypt_json, is_encrypted
 from ..spec.newjob import NewJob
 from ..states import JobState
 from .common import JOB_TABLE, _cancelled_error, ready_seq
@@ -153,7 +154,7 @@ def settle_dependencies(*, using: str, finished: list[tuple[uuid.UUID, str, Any]
                     "exception_class_path": "django_jobs.exceptions.ChildFailed",
                     "traceback": f"django_jobs.exceptions.ChildFailed: child job {child_id} ended {state}; "
                     f"the parent fails with it (failure_policy='fail').\n\n"
-                    f"The child's error:\n{(value or {}).get('traceback', '')}",
+                    f"The child's error:\n{_child_traceback(value)}",
                     "child_id": str(child_id),
                     "at": now.isoformat(),
                 }
@@ -212,8 +213,20 @@ def children_values(*, using: str, parent_id: uuid.UUID) -> dict[str, dict[str, 
     )
     for child_id, status, value in rows.order_by("finished_at", "id").values_list("child_id", "status", "value"):
         key = "results" if status == DependencyStatus.PROCESSED else "failures"
+        # An encrypted child's return value (or traceback) was copied here as stored.
+        if is_encrypted(value):
+            value = decrypt_json(value)
+        elif isinstance(value, dict) and is_encrypted(value.get("traceback")):
+            value = decrypt_errors([value])[0]
         out[key][str(child_id)] = value
     return out
+
+
+def _child_traceback(error: Any) -> str:
+    """A failed child's traceback, for the error of the parent it fails; an encrypted child's is
+    not copied (the parent may not be encrypted)."""
+    traceback = (error or {}).get("traceback", "")
+    return SHOWN if is_encrypted(traceback) else traceback
 
 
 def cancel_descendants(

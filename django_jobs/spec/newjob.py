@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .encryption import encrypt_arguments
+
 if TYPE_CHECKING:
     from django.tasks import Task
 
@@ -29,7 +31,8 @@ class NewJob:
     Nothing changes it once built: the engine writes what it decides into a row of its own
     (``engine.common.NewRow``), and a variant is a copy (``dataclasses.replace``).
 
-    ``args`` and ``kwargs`` are the JSON-shaped arguments to store. ``max_attempts`` and
+    ``args`` and ``kwargs`` are the JSON-shaped arguments to store (an envelope each when
+    ``options["encrypt"]``). ``max_attempts`` and
     ``options`` are what :func:`~django_jobs.spec.options.job_fields` gives for the task.
     ``run_after``: the job is delayed until then (None, or a time not after the insert's
     ``now``: waiting). ``lifo``: claimed before the FIFO jobs of its priority, newest first.
@@ -63,7 +66,14 @@ class NewJob:
         trace_id: str | None,
     ) -> NewJob:
         """A job of ``task`` (validated) with these arguments: its path, queue, priority,
-        ``run_after`` and django-jobs options (``lifo``, ``partition``) read from the task."""
+        ``run_after`` and django-jobs options (``lifo``, ``partition``) read from the task.
+
+        With ``options["encrypt"]`` (``job_fields`` of an ``encrypt=True`` task) the arguments
+        are stored encrypted: ``args`` and ``kwargs`` become envelopes here
+        (:func:`~django_jobs.spec.encryption.encrypt_arguments`), so every path to the engine
+        (enqueue, dedup and its stash, flows, schedules) stores them so."""
+        if options.get("encrypt"):
+            args, kwargs = encrypt_arguments(args, kwargs)  # type: ignore[assignment]
         return cls(
             backend,
             task.module_path,

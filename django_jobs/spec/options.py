@@ -29,6 +29,7 @@ from .tracing import validate_trace_id
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
 JOB_OPTIONS = (
     "max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id", "partition", "retention",
+    "encrypt",
 )  # fmt: skip
 
 
@@ -122,6 +123,12 @@ def validate_job_options(task: Task) -> None:
     lifo = getattr(task, "lifo", False)
     if not isinstance(lifo, bool):
         raise InvalidTaskOptions(f"lifo must be True or False; got {lifo!r}.")
+    encrypt = getattr(task, "encrypt", False)
+    if not isinstance(encrypt, bool):
+        raise InvalidTaskOptions(
+            f"encrypt must be True or False; got {encrypt!r}. Its keys are DJANGO_JOBS['ENCRYPTION_KEYS'] "
+            "(docs/howto/encryption.md)."
+        )
     dedup = getattr(task, "dedup", None)
     if dedup is not None and not isinstance(dedup, Dedup):
         raise InvalidTaskOptions(
@@ -192,6 +199,10 @@ def job_fields(task: Task, *, default_max_attempts: int) -> tuple[int, dict[str,
         options["run_after"] = task.run_after.isoformat()
     if getattr(task, "lifo", False):
         options["lifo"] = True
+    if getattr(task, "encrypt", False):
+        # The one flag that says the job's arguments, return value and tracebacks are stored
+        # encrypted (spec.encryption); NewJob.for_task encrypts them.
+        options["encrypt"] = True
     retention = getattr(task, "retention", None)
     if retention is not None:
         options["retention"] = retention_json(retention)

@@ -32,6 +32,7 @@ from ..conf import get_settings
 from ..context import JobContext
 from ..engine import ClaimedJob, Outcome
 from ..exceptions import (
+    DecryptionFailed,
     Fail,
     InvalidTaskArguments,
     JobCancelled,
@@ -43,6 +44,7 @@ from ..exceptions import (
     Snooze,
     TaskNotFound,
 )
+from ..spec.encryption import decrypt_arguments, decrypt_errors, decrypt_json, encrypt_error, encrypt_json, is_encrypted
 from ..states import JobState
 from ..tracing import running as running_trace
 
@@ -261,6 +263,15 @@ class Executor:
             if not attempt.settle():
                 return None
             return outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
+        if job.options.get("encrypt"):
+            try:
+                open_encrypted(job)
+            except (DecryptionFailed, JobsConfigurationError) as exc:
+                # A key missing here: the job fails (retry it once the keys are right), the worker goes on.
+                logger.debug("Job %s failed: %s", job.id, exc)
+                if not attempt.settle():
+                    return None
+                return outcome_for(job, state=JobState.FAILED, error=error_record(exc, job.attempts))
         backend_cls = backend_class(job.backend)
         result = self._result(job, task, TaskResultStatus.RUNNING, job.errors)
         self._started[id(job)] = (job, result)
@@ -298,6 +309,8 @@ class Executor:
                         raise NonJSONReturnValue(
                             f"{task.module_path} returned a value that is not JSON: {bad}"
                         ) from None
+                    if job.options.get("encrypt"):
+                        value = encrypt_json(value)
                     value_json = _JSON_ENCODER.encode(value)
             except Exception as bad:  # noqa: BLE001 - NonJSONReturnValue, or what the encoder raised
                 exc = bad
@@ -344,6 +357,12 @@ class Executor:
                 # Nothing to build a TaskResult from; the outcome itself is recorded on the job.
                 logger.debug("No task_finished for job %s: its task does not resolve.", job.id, exc_info=True)
                 return
+            if job.options.get("encrypt"):
+                try:
+                    open_encrypted(job)  # the child process decrypted its own copy
+                except (DecryptionFailed, JobsConfigurationError):
+                    logger.debug("No task_finished for job %s: its arguments do not decrypt.", job.id, exc_info=True)
+                    return
             errors = [*job.errors, outcome.error] if outcome.error is not None else job.errors
             done = self._result(job, task, status, errors)
         if outcome.uncount_attempt:
@@ -351,7 +370,10 @@ class Executor:
         object.__setattr__(done, "finished_at", outcome.finished_at)
         value_json = outcome.return_value_json
         if state == JobState.COMPLETED and value_json is not None and value_json != "null":  # None: as it is
-            object.__setattr__(done, "_return_value", json.loads(value_json))
+            value = json.loads(value_json)
+            if job.options.get("encrypt") and is_encrypted(value):
+                value = decrypt_json(value)
+            object.__setattr__(done, "_return_value", value)
         sender = backend_class(job.backend)
         exc = outcome.exc
         if exc is None:
@@ -458,6 +480,8 @@ class Executor:
                            available_at=timezone.now() + timedelta(seconds=exc.seconds))  # fmt: skip
         recorded = exc.error if isinstance(exc, (Fail, Retry)) and exc.error is not None else exc
         error = error_record(recorded, job.attempts)
+        if job.options.get("encrypt") and type(job.args) is list:  # opened, so the keys work here
+            error = encrypt_error(error)  # the message may quote the arguments
         if isinstance(exc, Fail):
             logger.debug("Job %s failed by the task on attempt %d: %s", job.id, job.attempts, exc)
             return Outcome(**ids, state=JobState.FAILED, error=error)
@@ -514,7 +538,21 @@ _JSON_ENCODER = json.JSONEncoder(allow_nan=False)
 
 
 def _task_error(error: dict[str, Any]) -> TaskError:
-    return TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
+    traceback = error["traceback"]
+    if is_encrypted(traceback):  # an encrypted job's (a plain traceback is text)
+        traceback = decrypt_json(traceback)
+    return TaskError(exception_class_path=error["exception_class_path"], traceback=traceback)
+
+
+def open_encrypted(job: ClaimedJob) -> None:
+    """Decrypt an encrypted job's arguments and earlier errors in place, once: the task, the
+    middleware and the signals see the plain values; its outcome is encrypted again
+    (return value, traceback). Raises DecryptionFailed, or a JobsConfigurationError when no key
+    (or no cryptography) is configured."""
+    if type(job.args) is dict:  # still the envelope: arguments are a list once decrypted
+        args, kwargs = decrypt_arguments(job.args, job.kwargs)
+        job.errors = decrypt_errors(job.errors)
+        job.args, job.kwargs = args, kwargs
 
 
 def _send(signal: Any, sender: type, task_result: TaskResult) -> None:

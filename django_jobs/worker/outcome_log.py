@@ -16,6 +16,9 @@ state written              level    line
 ``failed``                 ERROR    ``Job <id> <task> failed on attempt 3/3 in 2.1 ms: ValueError: …``
 =========================  =======  ===================================================================
 
+An encrypted job's (``encrypt=True``) lines name the error's class only, never its message or
+traceback, which may quote the arguments.
+
 A job that failed for good is an ERROR, the level Django's own ``django.tasks`` logger gives
 it, so alerts on ERROR records still see it when runworker quiets that logger.
 """
@@ -27,6 +30,7 @@ import logging
 from django.utils import timezone
 
 from ..engine import Outcome
+from ..spec.encryption import is_encrypted
 from ..states import JobState
 
 job_logger = logging.getLogger("django_jobs.worker.jobs")
@@ -52,13 +56,19 @@ def log_outcome(o: Outcome, state: str) -> None:
         job_logger.info(
             "Job %s %s attempt %s failed%s (%s); retrying %s", o.job_id, task, of, took, error_summary(o), _when(o)
         )
-    if o.error is not None and job_logger.isEnabledFor(logging.DEBUG):
+    if o.error is not None and job_logger.isEnabledFor(logging.DEBUG) and not _encrypted(o):
         job_logger.debug("Job %s attempt %s:\n%s", o.job_id, o.attempt, str(o.error.get("traceback", "")).rstrip())
 
 
 def error_summary(o: Outcome) -> str:
     """``Class: message`` of the attempt's error, on one line (the exception itself when this
-    process has it, else the last line of the stored traceback, as from a child process)."""
+    process has it, else the last line of the stored traceback, as from a child process). An
+    encrypted job's: the class only."""
+    if _encrypted(o):
+        name = (
+            type(o.exc).__name__ if o.exc is not None else str((o.error or {}).get("exception_class_path", "an error"))
+        )
+        return f"{name.rpartition('.')[2]} (its message is not logged: the job is encrypted)"
     if o.exc is not None:
         message = " ".join(str(o.exc).split())
         return f"{type(o.exc).__name__}: {message}" if message else type(o.exc).__name__
@@ -67,6 +77,12 @@ def error_summary(o: Outcome) -> str:
     if lines:
         return lines[-1].strip()
     return str(error.get("exception_class_path", "an error")).rpartition(".")[2]
+
+
+def _encrypted(o: Outcome) -> bool:
+    if o.job is not None and o.job.options.get("encrypt"):
+        return True
+    return o.error is not None and is_encrypted(o.error.get("traceback"))
 
 
 def _when(o: Outcome) -> str:

@@ -21,9 +21,10 @@ import django_jobs
 
 from ...conf import get_settings
 from ...console import attempt_runs, dashboard, job_detail, list_jobs
-from ...exceptions import InvalidHealthOption, JobsError
+from ...exceptions import InvalidHealthOption, InvalidKeyRotation, JobsConfigurationError, JobsError
 from ...health import check_health, health_options, this_host
 from ...services import Pruner
+from ...spec.encryption import SHOWN, is_encrypted, shown_errors
 from ...states import JobState
 from ..text import ANSI_REDRAW, due, duration, moment, moment_ms, parse_moment, table
 
@@ -31,7 +32,7 @@ from ..text import ANSI_REDRAW, due, duration, moment, moment_ms, parse_moment, 
 class Command(BaseCommand):
     help = (
         "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune, "
-        "health."
+        "health, rotate-keys."
     )
 
     # Django gives its common options (-v, --settings, --pythonpath, --traceback, --no-color,
@@ -81,6 +82,12 @@ class Command(BaseCommand):
             default=60.0,
             help="Stop after about this long (default 60); run again to go on.",
         )
+        rotate = sub.add_parser(
+            "rotate-keys",
+            help="Re-encrypt every encrypted job with the first of ENCRYPTION_KEYS, in batches; safe while workers run.",
+        )
+        rotate.add_argument("--batch-size", type=int, default=500, help="Jobs per transaction, 1-10000 (default 500).")
+        rotate.add_argument("--after", metavar="ID", help="Start after this job id (a stopped run printed it).")
         health = sub.add_parser(
             "health", help="Exit 0 when healthy, 1 when a check fails (one line each on stderr), 2 for a bad option."
         )
@@ -121,7 +128,7 @@ class Command(BaseCommand):
             ) from None
         self.backend = backend
         self.verbosity = options["verbosity"]
-        getattr(self, "do_" + options["action"])(**options)
+        getattr(self, "do_" + options["action"].replace("-", "_"))(**options)
 
     # -- views ------------------------------------------------------------------------------------
 
@@ -219,6 +226,11 @@ class Command(BaseCommand):
         if found is None:
             raise CommandError(f"No job with id {job_id!r}.")
         job, logs = found
+        encrypted = bool((job.options or {}).get("encrypt"))
+
+        def shown(value: Any) -> str:
+            return SHOWN if encrypted or is_encrypted(value) else json.dumps(value)
+
         lines = [
             f"id          {job.id}",
             f"task        {job.task_path}",
@@ -231,9 +243,9 @@ class Command(BaseCommand):
         lines += [
             f"started     {moment(job.started_at)}  (claimed; the jobs of one claim share it)",
             f"finished    {moment(job.finished_at)}",
-            f"args        {json.dumps(job.args)}",
-            f"kwargs      {json.dumps(job.kwargs)}",
-            f"result      {json.dumps(job.return_value)}",
+            f"args        {shown(job.args)}",
+            f"kwargs      {shown(job.kwargs)}",
+            f"result      {json.dumps(None) if job.return_value is None else shown(job.return_value)}",
             f"progress    {json.dumps(job.progress)}",
             f"trace       {job.trace_id or '-'}   parent {job.parent_id or '-'}",
         ]
@@ -245,7 +257,9 @@ class Command(BaseCommand):
                 took = "" if run.runtime_ms is None else f" ({run.runtime_ms:,} ms)"
                 error = f"  {run.error}" if run.error else ""
                 lines.append(f"  {run.attempt or '?'}  {run.kind:<9}  {ran}{moment_ms(run.ended_at)}{took}{error}")
-        for error in job.errors:
+        if encrypted:
+            lines.append("encrypted   yes: arguments, result and error messages are stored encrypted and not shown")
+        for error in shown_errors(job.errors):
             heading = f"error (attempt {error.get('attempt', '?')}): {error.get('exception_class_path')}"
             lines += ["", self.style.ERROR(heading)]
             lines += ["  " + line for line in str(error.get("traceback", "")).rstrip().splitlines()]
@@ -307,6 +321,32 @@ class Command(BaseCommand):
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
             f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
         )
+
+    # -- encryption -------------------------------------------------------------------------------
+
+    def do_rotate_keys(self, batch_size: int = 500, after: str | None = None, **_: Any) -> None:
+        def report(totals: Any) -> None:
+            if self.verbosity > 1:
+                self.stdout.write(
+                    f"  {totals.examined} examined, {totals.rotated} re-encrypted, up to job {totals.last_id}"
+                )
+
+        try:
+            done = django_jobs.rotate_keys(backend=self.backend, batch_size=batch_size, after=after, on_batch=report)
+        except (InvalidKeyRotation, JobsConfigurationError) as exc:
+            raise CommandError(str(exc)) from None
+        bad_jobs = sum(1 for u in done.undecryptable if " " not in u)
+        self._done(
+            f"Re-encrypted {done.rotated} of {done.examined} encrypted job(s) with the first key "
+            f"({done.examined - done.rotated - bad_jobs} had it already), {done.flow_values} flow value(s) and "
+            f"{done.stashes} stashed dedup enqueue(s)."
+        )
+        if done.undecryptable:
+            raise CommandError(
+                f"{len(done.undecryptable)} encrypted value(s) that no key of ENCRYPTION_KEYS decrypts were left as "
+                f"they are (keep the key that encrypted them): {', '.join(done.undecryptable[:20])}"
+                + (" ..." if len(done.undecryptable) > 20 else "")
+            )
 
     # -- health -----------------------------------------------------------------------------------
 
