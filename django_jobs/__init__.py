@@ -30,6 +30,10 @@ _EXPORTS = {
     "queue": "queues",
     "retry": "api",
     "schedule": "schedules",
+    "subscriber": "topics",
+    "topic": "topics",
+    "TopicFull": "exceptions",
+    "LeaseLost": "exceptions",
     "trace": "tracing",
     "unschedule": "schedules",
 }
