@@ -182,6 +182,9 @@ class Driver(TopicVerbs):
     def false(self) -> str:
         return "0"
 
+    def true(self) -> str:
+        return "1"
+
     def not_blocked(self, alias: str) -> str:
         """A job is not blocked, spelled as the ready indexes' condition."""
         return f"{alias}.blocked = 0"

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from .base import (
     CHUNK,
@@ -172,20 +173,23 @@ class MySQLDriver(Driver):
 
     # -- topics -------------------------------------------------------------------------------------
 
-    def bump_partition(self, cursor: Any, *, topic: str, name: str, n: int, now: datetime) -> tuple[int, int, bool]:
+    def bump_partition(
+        self, cursor: Any, *, topic: str, name: str, n: int, now: datetime | None
+    ) -> tuple[int, int, bool, datetime]:
         # One upsert, which takes the row's exclusive lock at once: a locking read of a missing
         # row followed by an insert (or INSERT IGNORE, which takes a shared lock on a duplicate)
         # deadlocks concurrent first publishers of a partition on InnoDB's gap and S->X locks.
+        stamped = now or timezone.now()
         cursor.execute(
             f"INSERT INTO {PARTITION_TABLE} (topic, name, last_position, newest_at) VALUES (%s, %s, %s, %s) "
             "ON DUPLICATE KEY UPDATE last_position = last_position + VALUES(last_position), "
             "newest_at = VALUES(newest_at)",
-            [topic, name, n, self.dt(now)],
+            [topic, name, n, self.dt(stamped)],
         )
         created = cursor.rowcount == 1
         cursor.execute(f"SELECT id, last_position FROM {PARTITION_TABLE} WHERE topic = %s AND name = %s", [topic, name])
         pid, last = cursor.fetchone()
-        return pid, last, created
+        return pid, last, created, stamped
 
     # -- metrics ------------------------------------------------------------------------------------
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ..models import GroupCursor, TopicPartition
+from ..models import ConsumerGroup, GroupCursor, TopicPartition
 
 PARTITION_TABLE = TopicPartition._meta.db_table
 CURSOR_TABLE = GroupCursor._meta.db_table
+GROUP_TABLE = ConsumerGroup._meta.db_table
 
 
 class TopicVerbs:
@@ -24,40 +25,44 @@ class TopicVerbs:
     __slots__ = ()
 
     def bump_partition(
-        self: Any, cursor: Any, *, topic: str, name: str, n: int, now: datetime
-    ) -> tuple[int, int, bool]:
+        self: Any, cursor: Any, *, topic: str, name: str, n: int, now: datetime | None
+    ) -> tuple[int, int, bool, datetime]:
         """Take ``n`` positions of a partition, creating its row if it has none: ``(partition
-        id, its new last position, created)``. The write locks the partition's row until the
-        publishing transaction ends, so positions commit in the order they are handed out: a
-        reader that saw position N committed never sees N-1 appear later (a group's cursor can
-        pass it safely). An existing partition (the common case) is one ``UPDATE``; a new one
-        an upsert, so that concurrent first publishers serialise on the row instead of failing."""
+        id, its new last position, created, the time stamped)``; ``now`` None stamps the
+        driver's "now" (the database's clock where it has one), read back in the same round
+        trip. The write locks the partition's row until the publishing transaction ends, so
+        positions commit in the order they are handed out: a reader that saw position N
+        committed never sees N-1 appear later (a group's cursor can pass it safely). An
+        existing partition (the common case) is one ``UPDATE``; a new one an upsert, so that
+        concurrent first publishers serialise on the row instead of failing."""
+        now_sql, now_params = self.now(now)
         rows = self.update_returning(
             cursor,
             PARTITION_TABLE,
-            "last_position = last_position + %s, newest_at = %s",
-            [n, self.dt(now)],
+            f"last_position = last_position + %s, newest_at = {now_sql}",
+            [n, *now_params],
             "topic = %s AND name = %s",
             [topic, name],
-            "id, last_position",
+            "id, last_position, newest_at",
         )
         if rows:
-            return rows[0][0], rows[0][1], False
+            return rows[0][0], rows[0][1], False, self.to_dt(rows[0][2])
         cursor.execute(
-            f"INSERT INTO {PARTITION_TABLE} (topic, name, last_position, newest_at) VALUES (%s, %s, %s, %s) "
+            f"INSERT INTO {PARTITION_TABLE} (topic, name, last_position, newest_at) VALUES (%s, %s, %s, {now_sql}) "
             f"ON CONFLICT (topic, name) DO UPDATE SET last_position = {PARTITION_TABLE}.last_position + "
-            "excluded.last_position, newest_at = excluded.newest_at RETURNING id, last_position",
-            [topic, name, n, self.dt(now)],
+            "excluded.last_position, newest_at = excluded.newest_at RETURNING id, last_position, newest_at",
+            [topic, name, n, *now_params],
         )
-        pid, last = cursor.fetchone()
-        return pid, last, last == n
+        pid, last, stamped = cursor.fetchone()
+        return pid, last, last == n, self.to_dt(stamped)
 
     def free_partitions(
         self: Any, cursor: Any, *, topic: str, group: str, now: datetime, newest_before: datetime, limit: int
     ) -> list[int]:
         """Ids of a group's cursors that may be handed out now, the longest-waiting first: the
-        partition has messages past the cursor, no live lease, no pending retry, is not blocked,
-        and its newest message is older than ``newest_before`` (the window buffer).
+        group is not paused, the partition has messages past the cursor, no live lease, no
+        pending retry, is not blocked, and its newest message is older than ``newest_before``
+        (the window buffer).
 
         Why this shape: the partition's counter is read by a correlated subquery, not a join, so
         ``FOR UPDATE SKIP LOCKED`` locks only cursor rows (MariaDB has no ``FOR UPDATE OF``), and
@@ -72,6 +77,8 @@ class TopicVerbs:
             "AND (c.retry_at IS NULL OR c.retry_at <= %s) "
             f"AND EXISTS (SELECT 1 FROM {PARTITION_TABLE} p WHERE p.id = c.partition_id "
             "AND p.last_position > c.position AND p.newest_at <= %s) "
+            f"AND NOT EXISTS (SELECT 1 FROM {GROUP_TABLE} g WHERE g.topic = c.topic AND g.name = c.group_name "
+            "AND g.paused = " + self.true() + ") "
             f"ORDER BY c.leased_at, c.id LIMIT %s {self.skip_locked()}",
             [topic, group, now_p, now_p, self.dt(newest_before), int(limit)],
         )

@@ -137,7 +137,6 @@ def publish_messages(
     config = topic_config(topic, using=using)
     d = driver(using)
     with transaction.atomic(using=using), d.cursor() as cursor:
-        now = clock(d, cursor, now)
         for _ in range(3):
             known = _known_transactions(topic, messages, using=using)
             fresh = _fresh(messages, known)
@@ -226,7 +225,14 @@ def _admit(d: Driver, cursor: Any, config: TopicConfig, adding: int, *, using: s
 
 
 def _store(
-    d: Driver, cursor: Any, topic: str, fresh: list[NewMessage], config: TopicConfig, now: datetime, *, using: str
+    d: Driver,
+    cursor: Any,
+    topic: str,
+    fresh: list[NewMessage],
+    config: TopicConfig,
+    now: datetime | None,
+    *,
+    using: str,
 ) -> list[Published]:
     by_partition: dict[str, list[int]] = {}
     for i, m in enumerate(fresh):
@@ -236,9 +242,9 @@ def _store(
     # lock their counters in the same order (no deadlock).
     for name in sorted(by_partition):
         indexes = by_partition[name]
-        partition_id, last, created = d.bump_partition(cursor, topic=topic, name=name, n=len(indexes), now=now)
+        partition_id, last, created, stamped = d.bump_partition(cursor, topic=topic, name=name, n=len(indexes), now=now)
         if created:
-            _add_cursors(topic, partition_id, now, using=using)
+            _add_cursors(topic, partition_id, stamped, using=using)
         first = last - len(indexes) + 1
         for offset, i in enumerate(indexes):
             m = fresh[i]
@@ -250,8 +256,8 @@ def _store(
                 payload=m.payload,
                 transaction_id=m.transaction_id,
                 trace_id=trace_id_for_new_job(m.trace_id),
-                created_at=now,
-                available_at=now + timedelta(seconds=delay),
+                created_at=stamped,
+                available_at=stamped + timedelta(seconds=delay),
             )
     objs = [r for r in rows if r is not None]
     Message.objects.using(using).bulk_create(objs, batch_size=500)
@@ -346,10 +352,6 @@ def start_position(partition_id: int, last: int, at: Any, *, using: str) -> int:
     return last if first is None else first - 1
 
 
-def is_group_paused(topic: str, group: str, *, using: str) -> bool:
-    return ConsumerGroup.objects.using(using).filter(topic=topic, name=group, paused=True).exists()
-
-
 # -- consume ----------------------------------------------------------------------------------------------
 
 
@@ -373,8 +375,6 @@ def acquire_batch(
     counted in ``expired_count``); the batch stops before the first message not yet available
     (a delay), and the partition then waits until it is."""
     config = config or topic_config(topic, using=using)
-    if is_group_paused(topic, group, using=using):
-        return None
     d = driver(using)
     with transaction.atomic(using=using), d.cursor() as cursor:
         now = clock(d, cursor, now)
@@ -572,7 +572,6 @@ __all__ = [
     "ensure_cursors",
     "ensure_group",
     "fail_batch",
-    "is_group_paused",
     "publish_messages",
     "release_batch",
     "renew_batch_lease",
