@@ -12,8 +12,10 @@ from typing import Any
 
 from .conf import get_settings
 from .engine import topic_control as control
+from .engine import topic_publish as publishing
 from .engine import topics as bus
-from .engine.topics import Published, TopicConfig
+from .engine.topic_publish import Published
+from .engine.topics import TopicConfig
 from .exceptions import InvalidPublishOption
 from .models import DeadLetter
 from .spec.topics import (
@@ -117,7 +119,7 @@ class TopicControl:
             delay=delay,
             cap=self.settings.MAX_PAYLOAD_BYTES,
         )
-        return bus.publish_messages(self.name, [message], using=self.using)[0]
+        return publishing.publish_messages(self.name, [message], using=self.using)[0]
 
     def publish_many(self, items: Iterable[dict[str, Any]]) -> list[Published]:
         """Publish several messages at once, in order. Each item is a dict with ``payload`` and
@@ -132,7 +134,7 @@ class TopicControl:
                 )
             rest = {k: v for k, v in item.items() if k != "payload"}
             messages.append(new_message(item["payload"], cap=self.settings.MAX_PAYLOAD_BYTES, **rest))
-        return bus.publish_messages(self.name, messages, using=self.using)
+        return publishing.publish_messages(self.name, messages, using=self.using)
 
     def configure(self, **settings: Any) -> None:
         """Change runtime settings: ``max_size``, ``lease``, ``delay``, ``max_wait``,

@@ -37,6 +37,7 @@ from ..conf import get_settings
 from ..drivers import driver
 from ..engine import topic_control as control
 from ..engine import topics as bus
+from ..engine.topic_publish import TOPIC_NOTIFY_PREFIX
 from ..exceptions import InvalidWorkerOption, LeaseLost
 from ..spec.topics import Subscriber, declared_subscribers
 from ..spec.tracing import running
@@ -128,7 +129,7 @@ class Consumer:
                 Listener(
                     using=self.using,
                     channel=get_settings().NOTIFY_CHANNEL,
-                    queues=[bus.TOPIC_NOTIFY_PREFIX + t for t in self.topics],
+                    queues=[TOPIC_NOTIFY_PREFIX + t for t in self.topics],
                     wake=self.wake,  # type: ignore[arg-type]
                     stopping=self.stopping,
                 )
@@ -200,6 +201,17 @@ class Consumer:
         control.prune_messages(sub.topic, using=self.using)
 
     def _handle(self, sub: Subscriber, batch: bus.Batch, config: bus.TopicConfig) -> None:
+        if batch.attempt > sub.max_attempts:
+            # Its workers died with it (leases expired) as many times as it may be attempted.
+            outcome = bus.fail_batch(
+                batch,
+                error="The batch's workers died while handling it (its lease expired) on every attempt.",
+                max_attempts=sub.max_attempts,
+                on_failure=sub.on_failure,
+                using=self.using,
+            )
+            logger.warning("Subscriber %s: partition %r stalled too often -> %s", sub.name, batch.partition, outcome)
+            return
         context = MessageContext(sub.topic, sub.group, batch.partition, batch.attempt, self.worker_id)
         arg: Any = batch.messages[0] if sub.batch == 1 else list(batch.messages)
         with self._held_lock:
@@ -270,38 +282,42 @@ class Consumer:
     # -- leases ---------------------------------------------------------------------------------------
 
     def _renew_loop(self) -> None:
-        """Extend the leases of the batches being handled, at a third of their length."""
-        while not self.stopping.wait(0.5) or self._held:
+        """Extend the leases of the batches being handled, at a third of their length; after a
+        stop request, for as long as a handler still runs."""
+        while True:
+            if self.stopping.is_set():
+                if not self._held:
+                    return
+                time.sleep(0.5)
+            else:
+                self.stopping.wait(0.5)
             with self._held_lock:
                 held = list(self._held.values())
-            now = time.time()
             for batch, lease in held:
-                remaining = batch.lease_expires_at.timestamp() - now
-                if remaining > lease * 2 / 3:
+                if batch.lease_expires_at.timestamp() - time.time() > lease * 2 / 3:
                     continue
                 try:
-                    if bus.renew_batch_lease(batch, lease_seconds=lease, using=self.using):
-                        with self._held_lock:
-                            if batch.token in self._held:
-                                self._held[batch.token] = (
-                                    _renewed(batch, lease),
-                                    lease,
-                                )
-                    else:
-                        logger.warning(
-                            "Subscriber %s/%s: the lease of partition %r was lost while its batch ran.",
-                            batch.topic,
-                            batch.group,
-                            batch.partition,
-                        )
-                        with self._held_lock:
-                            self._held.pop(batch.token, None)
+                    self._renew(batch, lease)
                 except DatabaseError as exc:
                     logger.warning("Renewing a topic lease failed (%s); trying again.", exc)
                     close_connection(self.using)
             close_old_connections()
-            if self.stopping.is_set() and not self._held:
+
+    def _renew(self, batch: bus.Batch, lease: float) -> None:
+        renewed = bus.renew_batch_lease(batch, lease_seconds=lease, using=self.using)
+        with self._held_lock:
+            if batch.token not in self._held:
+                return  # finished meanwhile
+            if renewed:
+                self._held[batch.token] = (_renewed(batch, lease), lease)
                 return
+            self._held.pop(batch.token, None)
+        logger.warning(
+            "Subscriber %s/%s: the lease of partition %r was lost while its batch ran.",
+            batch.topic,
+            batch.group,
+            batch.partition,
+        )
 
 
 def _renewed(batch: bus.Batch, lease: float) -> bus.Batch:

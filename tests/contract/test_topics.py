@@ -16,6 +16,7 @@ from django.utils import timezone
 
 import django_jobs
 from django_jobs.engine import topic_control as control
+from django_jobs.engine import topic_publish as publishing
 from django_jobs.engine import topics as bus
 from django_jobs.exceptions import (
     InvalidPublishOption,
@@ -196,10 +197,12 @@ def test_an_expired_lease_is_taken_over_and_the_late_ack_is_refused():
     assert take("orders", "billing", now=at(9)) is None
     again = take("orders", "billing", batch=2, now=at(10), worker="w2")
     assert payloads(again) == [1, 2] and again.token != dead.token  # the same batch, in order
+    assert again.attempt == 2  # the takeover counts an attempt
     assert not bus.ack_batch(dead, using="default")
     assert bus.fail_batch(dead, error="late", max_attempts=3, using="default") == "lost"
     assert bus.ack_batch(again, using="default")
-    assert payloads(take("orders", "billing", now=at(11))) == [3]
+    third = take("orders", "billing", now=at(11))
+    assert payloads(third) == [3] and third.attempt == 1  # an ack starts the next batch afresh
 
 
 @db
@@ -325,8 +328,8 @@ def test_seek_moves_the_cursors_and_refuses_the_old_lease_holders_ack():
 @db
 def test_seek_to_a_datetime_starts_at_the_first_message_published_then():
     bus.ensure_group("orders", "billing", start_from="beginning", using="default")
-    bus.publish_messages("orders", [_msg(1)], using="default", now=at(0))
-    bus.publish_messages("orders", [_msg(2)], using="default", now=at(10))
+    publishing.publish_messages("orders", [_msg(1)], using="default", now=at(0))
+    publishing.publish_messages("orders", [_msg(2)], using="default", now=at(10))
     group = django_jobs.topic("orders").group("billing")
     group.seek(at(5))
     assert payloads(take("orders", "billing", now=at(11))) == [2]
@@ -355,7 +358,7 @@ def test_a_paused_group_gets_nothing_until_resumed():
 @db
 def test_a_delayed_message_waits_and_holds_back_its_partition():
     bus.ensure_group("orders", "billing", start_from="beginning", using="default")
-    bus.publish_messages("orders", [_msg(1, delay=10), _msg(2)], using="default", now=at(0))
+    publishing.publish_messages("orders", [_msg(1, delay=10), _msg(2)], using="default", now=at(0))
     assert take("orders", "billing", now=at(5)) is None
     assert payloads(take("orders", "billing", now=at(10))) == [1, 2]
 
@@ -364,8 +367,8 @@ def test_a_delayed_message_waits_and_holds_back_its_partition():
 def test_messages_older_than_max_wait_are_skipped_and_counted():
     django_jobs.topic("orders").configure(max_wait=60)
     bus.ensure_group("orders", "billing", start_from="beginning", using="default")
-    bus.publish_messages("orders", [_msg(1), _msg(2)], using="default", now=at(0))
-    bus.publish_messages("orders", [_msg(3)], using="default", now=at(50))
+    publishing.publish_messages("orders", [_msg(1), _msg(2)], using="default", now=at(0))
+    publishing.publish_messages("orders", [_msg(3)], using="default", now=at(50))
     assert payloads(take("orders", "billing", now=at(61))) == [3]
     assert [p.expired for p in control.group_lag("orders", "billing", using="default")] == [2]
 
@@ -374,8 +377,8 @@ def test_messages_older_than_max_wait_are_skipped_and_counted():
 def test_a_partition_is_handed_out_once_its_newest_message_is_older_than_the_window_buffer():
     django_jobs.topic("orders").configure(window_buffer=5)
     bus.ensure_group("orders", "billing", start_from="beginning", using="default")
-    bus.publish_messages("orders", [_msg(1)], using="default", now=at(0))
-    bus.publish_messages("orders", [_msg(2)], using="default", now=at(3))
+    publishing.publish_messages("orders", [_msg(1)], using="default", now=at(0))
+    publishing.publish_messages("orders", [_msg(2)], using="default", now=at(3))
     assert take("orders", "billing", now=at(6)) is None
     assert payloads(take("orders", "billing", now=at(8))) == [1, 2]
 
@@ -386,7 +389,7 @@ def test_retention_deletes_what_every_group_consumed_and_anything_past_max_age()
     t.configure(retention=60, max_age=3600)
     bus.ensure_group("orders", "a", start_from="beginning", using="default")
     bus.ensure_group("orders", "b", start_from="beginning", using="default")
-    bus.publish_messages("orders", [_msg(1), _msg(2)], using="default", now=at(0))
+    publishing.publish_messages("orders", [_msg(1), _msg(2)], using="default", now=at(0))
     bus.ack_batch(take("orders", "a", now=at(1)), using="default")
     bus.ack_batch(take("orders", "b", batch=1, now=at(1)), using="default")
     assert t.prune(now=at(30)) == 0  # too young
@@ -394,3 +397,14 @@ def test_retention_deletes_what_every_group_consumed_and_anything_past_max_age()
     assert list(Message.objects.values_list("payload", flat=True)) == [2]
     assert t.prune(now=at(3601)) == 1
     assert TopicPartition.objects.get().last_position == 2  # positions are never reused
+
+
+@db
+def test_names_and_transaction_ids_that_differ_only_by_case_or_trailing_space_are_distinct():
+    # MariaDB/MySQL compare these columns exactly too (migration 0012 gives them a binary collation).
+    a = django_jobs.topic("Orders").publish(1, partition="P", transaction_id="T")
+    b = django_jobs.topic("orders").publish(2, partition="P", transaction_id="t")
+    c = django_jobs.topic("orders").publish(3, partition="p ", transaction_id="t ")
+    assert not (a.duplicate or b.duplicate or c.duplicate)
+    assert (a.position, b.position, c.position) == (1, 1, 1)
+    assert TopicPartition.objects.count() == 3
