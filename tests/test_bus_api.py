@@ -12,6 +12,7 @@ from django.test import override_settings
 
 import django_jobs
 from django_jobs.conf import get_settings
+from django_jobs.engine import topics as bus
 from django_jobs.exceptions import InvalidSubscriber, InvalidTopicName, InvalidTopicSetting
 from django_jobs.spec import topics as spec
 from django_jobs.spec.settings import settings_problems
@@ -117,3 +118,23 @@ def test_a_thread_worker_runs_a_subscriber_alongside_jobs(registry, thread_worke
     # A worker told to run no topic runs none.
     quiet = thread_worker(topics=[])
     assert quiet.worker._consumer is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_whose_workers_keep_dying_goes_to_the_dead_letters_unrun(registry, thread_worker):
+    ran = []
+
+    @django_jobs.subscriber("poison", group="g", start_from="beginning", max_attempts=1)
+    def handle(message, context):
+        ran.append(message.payload)
+
+    bus.ensure_group("poison", "g", start_from="beginning", using="default")
+    django_jobs.topic("poison").configure(lease=1)
+    django_jobs.topic("poison").publish_many([{"payload": "kills"}, {"payload": "fine"}])
+    # A worker takes "kills" and dies: its lease expires a second later.
+    dead = bus.acquire_batch("poison", "g", batch_size=1, worker_id="dead", using="default")
+    assert dead.messages[0].payload == "kills"
+    thread_worker(topics=["poison"])
+    wait_until(lambda: ran == ["fine"], timeout=30, message="the next message handled")
+    letter = django_jobs.topic("poison").group("g").dead_letters().get()
+    assert letter.payload == "kills" and "died" in letter.error and letter.attempts == 2
