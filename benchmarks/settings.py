@@ -40,6 +40,9 @@ if os.environ.get("JOBS_BENCH_PREPARED") == "0":
 # JOBS_BENCH_STRIPPED=1: the features' probes taken out of a plain job's path (benchmarks/stripped.py).
 if os.environ.get("JOBS_BENCH_STRIPPED") == "1":
     INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.stripped.Stripped"]
+# JOBS_BENCH_BUS=1: the subscribers of benchmarks/bus.py (bus mode).
+if os.environ.get("JOBS_BENCH_BUS") == "1":
+    INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.bus_app"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":

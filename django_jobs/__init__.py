@@ -31,6 +31,10 @@ _EXPORTS = {
     "retry": "api",
     "rotate_keys": "api",
     "schedule": "schedules",
+    "subscriber": "topics",
+    "topic": "topics",
+    "TopicFull": "exceptions",
+    "LeaseLost": "exceptions",
     "trace": "tracing",
     "unschedule": "schedules",
 }

@@ -71,6 +71,10 @@ class JobsSettings:
     #: "max_size": 10_000, "paused": False, "partition_concurrency": ..., ...}}, synced to the
     #: QueueState table when a worker starts (docs/howto/queue-control.md).
     QUEUES: dict[str, Any] | None = None
+    #: Topic settings declared in code (bus mode): {topic: {"max_size": ..., "lease": 30,
+    #: "delay": ..., "max_wait": ..., "window_buffer": ..., "retention": ..., "max_age": ...}};
+    #: ``topic(name).configure(...)`` overrides them at runtime (docs/howto/bus-mode.md).
+    TOPICS: dict[str, Any] | None = None
     #: Seconds after which a schedule's due tick counts as missed (downtime) rather than late;
     #: missed ticks follow the schedule's catch_up policy, late ones all run.
     MISFIRE_GRACE: float = 60.0

@@ -226,3 +226,53 @@ class Snooze(JobAction):
             raise ValueError(f"Snooze needs a number of seconds > 0; got {seconds!r}.")
         self.seconds = float(seconds)
         super().__init__(f"snoozed for {seconds}s")
+
+
+# -- bus mode (topics) ------------------------------------------------------------------------------
+
+
+class InvalidTopicName(JobsError, ValueError):
+    """Topic and consumer group names are 1-100 characters of letters, digits, '_', '-', '.' and ':'."""
+
+
+class InvalidPublishOption(JobsError, ValueError):
+    """A publish option has an invalid value: partition is a string of at most 200 characters,
+    transaction_id a non-empty string of at most 255, delay a number of seconds >= 0 or a timedelta."""
+
+
+class InvalidTopicSetting(JobsError, ValueError):
+    """A topic setting has an invalid value; see docs/reference/settings.md#topics."""
+
+
+class InvalidSubscriber(JobsError, ValueError):
+    """A subscriber option has an invalid value; see docs/howto/bus-mode.md#subscribers."""
+
+
+class InvalidSeek(JobsError, ValueError):
+    """seek() takes "beginning", "end", an aware datetime or the id of a message of the topic."""
+
+
+class TopicFull(QueueFull):
+    """The topic would pass its max size; nothing was published."""
+
+    def __init__(self, message: str | None = None, *, topic: str = "", size: int = 0, limit: int = 0, adding: int = 1):
+        if message is None and not topic:
+            message = (self.__doc__ or "").strip()
+        elif message is None:
+            what = "this message" if adding == 1 else f"these {adding} messages"
+            message = (
+                f"Topic {topic!r} is full: its largest backlog is {size} message(s), max size {limit}; {what} would "
+                f"pass it, so nothing was published. Retry later, or raise the limit with "
+                f"django_jobs.topic({topic!r}).configure(max_size=...)."
+            )
+        super().__init__(message, queue=topic, size=size, limit=limit, adding=adding)
+        self.topic = topic
+
+
+class LeaseLost(JobsError):
+    """The partition's lease was lost (it expired and another worker took the partition, or an
+    operator moved the cursor): this acknowledgement was refused and nothing changed."""
+
+
+class PartitionNotBlocked(JobsError, ValueError):
+    """The partition of this group is not blocked: there is nothing to retry or skip."""

@@ -22,6 +22,9 @@ INSTALLED_APPS = [
     "django_jobs",
     "tests",
 ]
+if os.environ.get("JOBS_TEST_BUS"):
+    # Worker processes of tests/test_bus_worker.py: the subscribers they run (tests/bus).
+    INSTALLED_APPS.append("tests.bus")
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

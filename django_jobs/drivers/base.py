@@ -28,6 +28,7 @@ from ..conf import get_settings
 from ..models import Event, Job, Lease, Metric, QueueState
 from ..models.dedup import JobDedup, JobDedupNext
 from ..states import UNFINISHED_STATES
+from .topics import TopicVerbs
 
 JOB_TABLE = Job._meta.db_table
 QUEUE_TABLE = QueueState._meta.db_table
@@ -56,7 +57,7 @@ OUTCOME_RETURNING = "id, queue, state, parent_id, partition_key, attempts, last_
 CHUNK = 500
 
 
-class Driver:
+class Driver(TopicVerbs):
     """How one database does what the engine asks. Cheap to make: one per call of a verb."""
 
     __slots__ = ("connection", "using", "vendor")
@@ -180,6 +181,9 @@ class Driver:
 
     def false(self) -> str:
         return "0"
+
+    def true(self) -> str:
+        return "1"
 
     def not_blocked(self, alias: str) -> str:
         """A job is not blocked, spelled as the ready indexes' condition."""

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from .base import (
     CHUNK,
@@ -39,6 +40,7 @@ from .base import (
     Driver,
 )
 from .inserts import INSERT_COLUMNS, SIZE_LIMITED
+from .topics import PARTITION_TABLE
 
 MIN_MYSQL = (8, 0, 1)  # SELECT ... FOR UPDATE SKIP LOCKED
 MIN_MARIADB = (10, 6)  # SELECT ... FOR UPDATE SKIP LOCKED
@@ -168,6 +170,26 @@ class MySQLDriver(Driver):
             cursor.execute(f"UPDATE {table} SET {set_sql} WHERE id IN ({_marks(len(ids))})", [*set_params, *ids])
             cursor.execute(f"SELECT {returning} FROM {table} WHERE id IN ({_marks(len(ids))})", ids)
             return list(cursor.fetchall())
+
+    # -- topics -------------------------------------------------------------------------------------
+
+    def bump_partition(
+        self, cursor: Any, *, topic: str, name: str, n: int, now: datetime | None
+    ) -> tuple[int, int, bool, datetime]:
+        # One upsert, which takes the row's exclusive lock at once: a locking read of a missing
+        # row followed by an insert (or INSERT IGNORE, which takes a shared lock on a duplicate)
+        # deadlocks concurrent first publishers of a partition on InnoDB's gap and S->X locks.
+        stamped = now or timezone.now()
+        cursor.execute(
+            f"INSERT INTO {PARTITION_TABLE} (topic, name, last_position, newest_at) VALUES (%s, %s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE last_position = last_position + VALUES(last_position), "
+            "newest_at = VALUES(newest_at)",
+            [topic, name, n, self.dt(stamped)],
+        )
+        created = cursor.rowcount == 1
+        cursor.execute(f"SELECT id, last_position FROM {PARTITION_TABLE} WHERE topic = %s AND name = %s", [topic, name])
+        pid, last = cursor.fetchone()
+        return pid, last, created, stamped
 
     # -- metrics ------------------------------------------------------------------------------------
 

@@ -95,6 +95,9 @@ class PostgreSQLDriver(Driver):
     def false(self) -> str:
         return "false"
 
+    def true(self) -> str:
+        return "true"
+
     def not_blocked(self, alias: str) -> str:
         return f"NOT {alias}.blocked"
 

@@ -10,6 +10,7 @@ from .lease import Lease
 from .log import JobLog, JobLogQuerySet
 from .queue import JobStart, QueueState, QueueStateQuerySet, declared_queues, known_queues, queue_exists
 from .schedule import CatchUp, Schedule
+from .topic import ConsumerGroup, DeadLetter, DeadLetterState, GroupCursor, Message, Topic, TopicPartition
 from .worker import Worker, WorkerQuerySet
 
 __all__ = [
@@ -31,6 +32,13 @@ __all__ = [
     "QueueState",
     "QueueStateQuerySet",
     "CatchUp",
+    "ConsumerGroup",
+    "DeadLetter",
+    "DeadLetterState",
+    "GroupCursor",
+    "Message",
+    "Topic",
+    "TopicPartition",
     "Schedule",
     "Worker",
     "WorkerQuerySet",

@@ -10,10 +10,11 @@ for the rest.
 from __future__ import annotations
 
 from ..conf import JobsSettings
-from ..exceptions import InvalidRetention, JobsConfigurationError
+from ..exceptions import InvalidRetention, JobsConfigurationError, JobsError
 from .backoff import validate_backoff
 from .queues import validate_queue_declarations
 from .retention import validate_retention_setting
+from .topics import validate_topic_declarations
 
 
 def settings_problems(conf: JobsSettings) -> list[str]:
@@ -25,6 +26,11 @@ def settings_problems(conf: JobsSettings) -> list[str]:
             validate_queue_declarations(conf.QUEUES)
         except JobsConfigurationError as exc:
             problems.append(str(exc))
+    if conf.TOPICS is not None:
+        try:
+            validate_topic_declarations(conf.TOPICS)
+        except JobsError as exc:
+            problems.append(f"TOPICS: {exc}")
     if conf.RETENTION is not None:
         try:
             validate_retention_setting(conf.RETENTION)

@@ -46,6 +46,7 @@ from ..exceptions import JobsConfigurationError, WorkerCrashed
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
 from .completer import Completer
+from .consumer import Consumer, select_subscribers
 from .coroutines import LoopRunner
 from .executor import Attempt, Executor, error_record, event_loop_thread, outcome_for, with_runtime
 from .holdings import Attempts, Leases
@@ -84,7 +85,9 @@ class Worker:
     shutdown before they are released back to waiting. ``handle_signals``: install SIGTERM/SIGINT
     handlers (only possible from the main thread). ``isolation``: ``"thread"`` (default) runs
     jobs in this process's threads; ``"process"`` runs each slot's jobs in a child process that
-    is killed at a job's timeout or cancel. ``on_outcome``: called as ``on_outcome(queue, kind,
+    is killed at a job's timeout or cancel. ``topics``: the topics whose subscribers this worker
+    runs (bus mode, :mod:`.consumer`): None or ``["*"]`` all the subscribers declared in the
+    installed apps' ``subscribers`` modules, ``[]`` none. ``on_outcome``: called as ``on_outcome(queue, kind,
     runtime_ms)`` on the completer thread for each outcome the database stored, ``kind`` being
     ``completed``, ``failed``, ``retried``, ``snoozed`` or ``cancelled`` and ``runtime_ms`` the
     attempt's run time (None when not measured); it must be cheap and must not raise (what it
@@ -107,6 +110,7 @@ class Worker:
         isolation: str = "thread",
         prefetch: int = DEFAULT_PREFETCH,
         on_outcome: OutcomeObserver | None = None,
+        topics: list[str] | None = None,
     ):
         queues = check_options(
             queues=queues,
@@ -221,6 +225,19 @@ class Worker:
             poll_cancels=self._watchdog.poll_cancels,
             listening=self._listening,
             on_crash=self._crashed_with,
+        )
+        # Bus mode: the subscribers' threads (worker/consumer.py), none without subscribers.
+        subscribers = select_subscribers(topics) if topics != [] else []
+        self._consumer = (
+            Consumer(
+                using=self.using,
+                subscribers=subscribers,
+                worker_id=self.worker_id,
+                stopping=self._stopping,
+                sleep=self.sleep,
+            )
+            if subscribers
+            else None
         )
         self._threads: list[threading.Thread] = []
         self._executor_threads: list[threading.Thread] = []
@@ -403,6 +420,8 @@ class Worker:
         self._completer.start()
         spawn(self._maintainer.run, "jobs-maintainer")
         spawn(self._watchdog.run, "jobs-watchdog")
+        if self._consumer is not None:
+            self._consumer.start()
         if driver(self.using).LISTEN_NOTIFY:  # elsewhere workers poll (POLL_INTERVAL)
             self._listener = Listener(
                 using=self.using,
@@ -425,6 +444,8 @@ class Worker:
         deadline = time.monotonic() + self.grace
         # Jobs claimed but not started are not run: the release below hands them back.
         still_running = self._producer.drain(deadline)
+        if self._consumer is not None:
+            self._consumer.join(deadline)  # a batch still running past it is redelivered after its lease
         if still_running:
             logger.warning(
                 "Worker %s: %d job(s) still running after the %.0fs grace period; releasing them.",

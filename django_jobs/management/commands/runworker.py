@@ -57,6 +57,15 @@ class Command(BaseCommand):
             metavar="QUEUE[,QUEUE]",
             help="Queues to work (comma-separated or repeated; '*' for all). Default: all.",
         )
+        parser.add_argument(
+            "--topics",
+            action="append",
+            dest="topics",
+            metavar="TOPIC[,TOPIC]",
+            help="Topics whose subscribers to run (bus mode; comma-separated or repeated; '*' for all). "
+            "Default: every subscriber of the installed apps' 'subscribers' modules.",
+        )
+        parser.add_argument("--no-topics", action="store_true", help="Run no subscribers, only jobs.")
         parser.add_argument("-c", "--concurrency", default="1", help="Jobs at once per process (threads). Default 1.")
         parser.add_argument(
             "-p", "--processes", default="1", help="Worker processes (a supervisor forks them). Default 1."
@@ -109,6 +118,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         queues: list[str] | None = None
+        topics: list[str] | None = [] if opts["no_topics"] else None
+        if opts["topics"] and not opts["no_topics"]:
+            topics = [t.strip() for raw in opts["topics"] for t in raw.split(",") if t.strip()]
+            if not topics:
+                raise CommandError("--topics needs at least one topic name (or '*').")
         if opts["queues"]:
             queues = [q.strip() for raw in opts["queues"] for q in raw.split(",") if q.strip()]
             if not queues:
@@ -145,6 +159,7 @@ class Command(BaseCommand):
                     isolation=opts["isolation"],
                     prefetch=prefetch,
                     on_outcome=metrics.observe if metrics is not None else None,
+                    topics=topics,
                 )
             except JobsError as exc:
                 raise CommandError(str(exc)) from None

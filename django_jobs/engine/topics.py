@@ -1,0 +1,399 @@
+"""Bus mode's verbs on the message path: register a group, take a partition's next batch under
+a lease, acknowledge it, fail it; a topic's settings in effect. Publishing is in
+:mod:`.topic_publish`, the operator's verbs (seek, pause, lag, dead letters, retention) in
+:mod:`.topic_control`.
+
+The design (queen's ``partition_leases``, docs/explanation/bus-mode.md): a message is one row;
+a group's progress in a partition is one :class:`~django_jobs.models.GroupCursor` row holding
+the last position it consumed and the lease of the batch it is processing. Every change of a
+cursor by a consumer is guarded on its lease token (and the position the batch started from),
+so a worker that lost its lease (it expired and another worker took the partition, or an
+operator moved the cursor) changes nothing: its acknowledgement is refused.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models, transaction
+from django.db.models import Q
+
+from ..conf import get_settings
+from ..drivers import Driver, driver
+from ..models import ConsumerGroup, DeadLetter, GroupCursor, Message, Topic, TopicPartition
+from ..spec.backoff import compute_backoff
+from ..spec.topics import DEFAULT_LEASE_SECONDS, validate_topic_declarations
+from .common import logger
+
+#: Cursors a consumer looks at per acquire (the first it wins is taken).
+ACQUIRE_CANDIDATES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic's settings in effect: its Topic row, else ``DJANGO_JOBS["TOPICS"]``, else the default."""
+
+    name: str
+    max_size: int | None = None
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    delay_seconds: float | None = None
+    max_wait_seconds: float | None = None
+    window_buffer_seconds: float | None = None
+    retention_seconds: float | None = None
+    max_age_seconds: float | None = None
+
+
+_CONFIG_FIELDS = (
+    "max_size",
+    "lease_seconds",
+    "delay_seconds",
+    "max_wait_seconds",
+    "window_buffer_seconds",
+    "retention_seconds",
+    "max_age_seconds",
+)
+
+
+def topic_config(name: str, *, using: str) -> TopicConfig:
+    declared = validate_topic_declarations(get_settings().TOPICS or {}).get(name, {})
+    row = Topic.objects.using(using).filter(name=name).values(*_CONFIG_FIELDS).first() or {}
+    values = {f: row.get(f) if row.get(f) is not None else declared.get(f) for f in _CONFIG_FIELDS}
+    if values["lease_seconds"] is None:
+        values["lease_seconds"] = DEFAULT_LEASE_SECONDS
+    return TopicConfig(name=name, **values)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredMessage:
+    """A message as a subscriber receives it."""
+
+    id: int
+    topic: str
+    partition: str
+    position: int
+    payload: Any
+    transaction_id: str | None
+    trace_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A partition's next messages, leased to one worker for one group. ``start`` is the cursor
+    the batch was taken at (the acknowledgement moves it from there to ``end``)."""
+
+    topic: str
+    group: str
+    cursor_id: int
+    partition: str
+    token: uuid.UUID
+    start: int
+    end: int
+    attempt: int
+    messages: tuple[DeliveredMessage, ...]
+    lease_expires_at: datetime
+
+
+def clock(d: Driver, cursor: Any, now: datetime | None) -> datetime:
+    """``now``, or the database's clock where the driver has one (leases compared across hosts)."""
+    return now if now is not None else d.clock(cursor)
+
+
+# -- groups ----------------------------------------------------------------------------------------------
+
+
+def ensure_group(topic: str, group: str, *, start_from: Any = "new", using: str, now: datetime | None = None) -> bool:
+    """Register ``group`` on ``topic`` (once; True when this call created it) and give it a
+    cursor in every partition that has none: at the partition's end (``"new"``), its start
+    (``"beginning"``) or before its first message published at or after a datetime. A cursor
+    made later, for a partition the group never saw, starts at the partition's start."""
+    d = driver(using)
+    with transaction.atomic(using=using), d.cursor() as cursor:
+        now = clock(d, cursor, now)
+        groups = ConsumerGroup.objects.using(using)
+        created = not groups.filter(topic=topic, name=group).exists()
+        if created:
+            groups.bulk_create([ConsumerGroup(topic=topic, name=group, created_at=now)], ignore_conflicts=True)
+        ensure_cursors(topic, group, start_from=start_from if created else "beginning", using=using, now=now)
+    return created
+
+
+def ensure_cursors(topic: str, group: str, *, start_from: Any = "beginning", using: str, now: datetime) -> int:
+    """Cursors for the partitions of ``topic`` where ``group`` has none (see :func:`ensure_group`)."""
+    have = GroupCursor.objects.using(using).filter(topic=topic, group_name=group).values("partition_id")
+    missing = list(
+        TopicPartition.objects.using(using).filter(topic=topic).exclude(id__in=have).values_list("id", "last_position")
+    )
+    if not missing:
+        return 0
+    cursors = []
+    for pid, last in missing:
+        cursors.append(
+            GroupCursor(
+                partition_id=pid,
+                topic=topic,
+                group_name=group,
+                position=start_position(pid, last, start_from, using=using),
+                leased_at=now,
+            )
+        )
+    return len(GroupCursor.objects.using(using).bulk_create(cursors, ignore_conflicts=True))
+
+
+def start_position(partition_id: int, last: int, at: Any, *, using: str) -> int:
+    """The cursor that starts a partition at ``at``: "beginning", "end"/"new" or a datetime
+    (before the partition's first message published at or after it)."""
+    if at == "beginning":
+        return 0
+    if at in ("new", "end"):
+        return last
+    first = (
+        Message.objects.using(using)
+        .filter(partition_id=partition_id, created_at__gte=at)
+        .order_by("position")
+        .values_list("position", flat=True)
+        .first()
+    )
+    return last if first is None else first - 1
+
+
+# -- consume ----------------------------------------------------------------------------------------------
+
+
+def acquire_batch(
+    topic: str,
+    group: str,
+    *,
+    batch_size: int,
+    worker_id: str,
+    using: str,
+    config: TopicConfig | None = None,
+    now: datetime | None = None,
+) -> Batch | None:
+    """Lease the partition of ``group`` that has waited longest for its turn and return its
+    next messages (at most ``batch_size``, in order), or None when no partition is ready (or the
+    group is paused). A partition is ready when it has messages past the group's cursor, no live
+    lease (an expired one is taken over: that is how a dead worker's batch is delivered again),
+    no pending retry, is not blocked, and its newest message is older than the window buffer.
+
+    ``Batch.attempt`` counts the failed attempts and the expired leases of this batch, plus one:
+    a handler whose batch has ``attempt > max_attempts`` gives it up without running it.
+
+    Messages older than the topic's max wait at the head are skipped (the cursor passes them,
+    counted in ``expired_count``); the batch stops before the first message not yet available
+    (a delay), and the partition then waits until it is."""
+    config = config or topic_config(topic, using=using)
+    d = driver(using)
+    with transaction.atomic(using=using), d.cursor() as cursor:
+        now = clock(d, cursor, now)
+        newest_before = now - timedelta(seconds=config.window_buffer_seconds or 0.0)
+        candidates = d.free_partitions(
+            cursor, topic=topic, group=group, now=now, newest_before=newest_before, limit=ACQUIRE_CANDIDATES
+        )
+        for cursor_id in candidates:
+            batch = _take(cursor_id, batch_size=batch_size, worker_id=worker_id, config=config, now=now, using=using)
+            if batch is not None:
+                return batch
+    return None
+
+
+def _take(
+    cursor_id: int, *, batch_size: int, worker_id: str, config: TopicConfig, now: datetime, using: str
+) -> Batch | None:
+    token = uuid.uuid4()
+    expires = now + timedelta(seconds=config.lease_seconds)
+    cursors = GroupCursor.objects.using(using)
+    # Guarded on what made the row free: another taker (or an operator) may have changed it.
+    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+    won = cursors.filter(free, id=cursor_id, blocked=False).update(
+        # Taking over a lease that expired counts an attempt: its worker died (or stalled) with
+        # the batch, and a batch that kills every worker must end in the dead letters. First
+        # in the SET: MariaDB/MySQL assign left to right, and this reads the old token.
+        attempts=models.Case(
+            models.When(lease_token__isnull=False, then=models.F("attempts") + 1),
+            default=models.F("attempts"),
+            output_field=models.PositiveIntegerField(),
+        ),
+        lease_token=token,
+        lease_expires_at=expires,
+        leased_by=worker_id[:200],
+        leased_at=now,
+    )
+    if not won:
+        return None
+    row = cursors.select_related("partition").get(id=cursor_id)
+    messages = list(
+        Message.objects.using(using)
+        .filter(partition_id=row.partition_id, position__gt=row.position)
+        .order_by("position")[:batch_size]
+    )
+    start = row.position
+    if config.max_wait_seconds is not None:
+        oldest = now - timedelta(seconds=config.max_wait_seconds)
+        expired = 0
+        while expired < len(messages) and messages[expired].created_at <= oldest:
+            expired += 1
+        if expired:
+            start = messages[expired - 1].position
+            cursors.filter(id=cursor_id, lease_token=token).update(
+                position=start, expired_count=models.F("expired_count") + expired, attempts=0
+            )
+            logger.info("Topic %s group %s: %d expired message(s) skipped.", row.topic, row.group_name, expired)
+            messages = messages[expired:]
+    ready = []
+    for m in messages:
+        if m.available_at > now:
+            break
+        ready.append(m)
+    if not ready:
+        # Nothing to hand out now: free the partition, until its head is due if it is delayed.
+        retry_at = messages[0].available_at if messages else None
+        cursors.filter(id=cursor_id, lease_token=token).update(
+            lease_token=None, lease_expires_at=None, retry_at=retry_at
+        )
+        return None
+    name = row.partition.name
+    return Batch(
+        topic=row.topic,
+        group=row.group_name,
+        cursor_id=cursor_id,
+        partition=name,
+        token=token,
+        start=start,
+        end=ready[-1].position,
+        attempt=row.attempts + 1,
+        messages=tuple(
+            DeliveredMessage(m.id, m.topic, name, m.position, m.payload, m.transaction_id, m.trace_id, m.created_at)
+            for m in ready
+        ),
+        lease_expires_at=expires,
+    )
+
+
+def _held(batch: Batch, *, using: str) -> Any:
+    """The batch's cursor row, if its lease is still the batch's."""
+    return GroupCursor.objects.using(using).filter(id=batch.cursor_id, lease_token=batch.token, position=batch.start)
+
+
+def ack_batch(batch: Batch, *, using: str) -> bool:
+    """Move the group's cursor past ``batch`` and free the partition; False (nothing changed)
+    when the lease is no longer the batch's: a late acknowledgement is refused. Inside the
+    handler's transaction (``atomic=True``) it commits with the handler's writes."""
+    done = _held(batch, using=using).update(
+        position=batch.end, lease_token=None, lease_expires_at=None, attempts=0, retry_at=None, last_error=""
+    )
+    if not done:
+        logger.warning(
+            "Topic %s group %s partition %r: the lease of positions %d-%d was lost; the acknowledgement was "
+            "refused (another worker has the batch).",
+            batch.topic,
+            batch.group,
+            batch.partition,
+            batch.start + 1,
+            batch.end,
+        )
+    return bool(done)
+
+
+def renew_batch_lease(batch: Batch, *, lease_seconds: float, using: str, now: datetime | None = None) -> bool:
+    """Extend a held batch's lease; False when it is no longer the batch's."""
+    d = driver(using)
+    with d.cursor() as cursor:
+        now = clock(d, cursor, now)
+    return bool(_held(batch, using=using).update(lease_expires_at=now + timedelta(seconds=lease_seconds)))
+
+
+def release_batch(batch: Batch, *, using: str) -> bool:
+    """Give a batch back unprocessed (shutdown): the partition is free at once, no attempt counted."""
+    return bool(_held(batch, using=using).update(lease_token=None, lease_expires_at=None))
+
+
+def fail_batch(
+    batch: Batch,
+    *,
+    error: str,
+    traceback: str = "",
+    max_attempts: int,
+    backoff: Any = "exponential",
+    on_failure: str = "dead_letter",
+    using: str,
+    now: datetime | None = None,
+) -> str:
+    """Record a failed attempt at ``batch``. Attempts left: the partition waits out the backoff
+    and the same batch is delivered again (``"retry"``). None left: with ``on_failure="block"``
+    the partition stops until an operator retries or skips it (``"blocked"``); otherwise its
+    messages go to the group's dead letters and the cursor moves past them (``"dead"``).
+    ``"lost"``: the lease was no longer the batch's; nothing changed."""
+    settings = get_settings()
+    d = driver(using)
+    with transaction.atomic(using=using), d.cursor() as cursor:
+        now = clock(d, cursor, now)
+        held = _held(batch, using=using)
+        free = {"lease_token": None, "lease_expires_at": None, "last_error": error[:10_000]}
+        if batch.attempt < max_attempts:
+            wait = compute_backoff(backoff, batch.attempt, base=settings.BACKOFF_BASE, cap=settings.BACKOFF_CAP)
+            done = held.update(attempts=batch.attempt, retry_at=now + timedelta(seconds=wait), **free)
+            return "retry" if done else "lost"
+        if on_failure == "block":
+            done = held.update(attempts=batch.attempt, blocked=True, **free)
+            return "blocked" if done else "lost"
+        done = held.update(position=batch.end, attempts=0, retry_at=None, **free)
+        if not done:
+            return "lost"
+        dead_letter(
+            batch.group, batch.messages, error=error, traceback=traceback, attempts=batch.attempt, now=now, using=using
+        )
+        return "dead"
+
+
+def dead_letter(
+    group: str,
+    messages: tuple[DeliveredMessage, ...] | list[DeliveredMessage],
+    *,
+    error: str,
+    traceback: str,
+    attempts: int,
+    now: datetime,
+    using: str,
+) -> None:
+    DeadLetter.objects.using(using).bulk_create(
+        [
+            DeadLetter(
+                topic=m.topic,
+                group_name=group,
+                partition_name=m.partition,
+                message_id=m.id,
+                position=m.position,
+                payload=m.payload,
+                transaction_id=m.transaction_id,
+                trace_id=m.trace_id,
+                published_at=m.created_at,
+                error=error,
+                traceback=traceback,
+                attempts=attempts,
+                created_at=now,
+            )
+            for m in messages
+        ]
+    )
+
+
+__all__ = [
+    "Batch",
+    "DeliveredMessage",
+    "TopicConfig",
+    "ack_batch",
+    "acquire_batch",
+    "clock",
+    "dead_letter",
+    "ensure_cursors",
+    "ensure_group",
+    "fail_batch",
+    "release_batch",
+    "renew_batch_lease",
+    "start_position",
+    "topic_config",
+]

@@ -1,0 +1,327 @@
+"""Bus mode in the worker: the subscribers' threads.
+
+A :class:`Consumer` runs, for each subscriber (topic, group), ``concurrency`` threads. Each
+thread loops: lease the group's next ready partition and take its batch
+(``engine.topics.acquire_batch``), run the handler, then acknowledge (the cursor moves past the
+batch) or record the failure (retry after backoff, dead letter or block). With nothing to take
+it runs one dead letter an operator asked to replay, then sleeps until a NOTIFY for the topic
+(PostgreSQL) or the jittered poll interval. A renewer thread extends the leases of the batches
+being handled; a worker killed mid-batch stops renewing, its lease expires, and the next worker
+to take the partition gets the same batch, in order.
+
+``atomic=True``: the handler runs inside a transaction on the jobs database, and the
+acknowledgement is the transaction's last statement; when it is refused (the lease was lost)
+the transaction is rolled back, handler's writes included. So the handler's ORM writes, the
+jobs it enqueues, the messages it publishes and the cursor's move commit together or not at all.
+
+Kept apart from the job executor on purpose (the runner only starts and stops it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, transaction
+from django.utils import timezone
+from django.utils.module_loading import autodiscover_modules
+
+from ..conf import get_settings
+from ..drivers import driver
+from ..engine import topic_control as control
+from ..engine import topics as bus
+from ..engine.topic_publish import TOPIC_NOTIFY_PREFIX
+from ..exceptions import InvalidWorkerOption, LeaseLost
+from ..spec.topics import Subscriber, declared_subscribers
+from ..spec.tracing import running
+from ..topics import MessageContext
+from .listener import Listener
+from .trouble import close_connection
+
+logger = logging.getLogger("django_jobs.worker.topics")
+
+#: Seconds between two reads of a topic's settings by a thread, and between two housekeeping
+#: rounds (cursors for new partitions, retention).
+CONFIG_TTL = 5.0
+HOUSEKEEPING_SECONDS = 30.0
+
+
+def select_subscribers(topics: list[str] | None) -> list[Subscriber]:
+    """The subscribers a worker runs: of every ``subscribers`` module of the installed apps
+    (and any declared already), all of them (``topics`` None or ``["*"]``) or those of the
+    named topics; an unknown name raises InvalidWorkerOption."""
+    autodiscover_modules("subscribers")
+    subs = declared_subscribers()
+    if topics is None or "*" in topics:
+        return subs
+    known = {s.topic for s in subs}
+    unknown = sorted(set(topics) - known)
+    if unknown:
+        raise InvalidWorkerOption(
+            f"No subscriber for topic(s) {', '.join(unknown)}; declare them with @django_jobs.subscriber in a "
+            "'subscribers' module of an installed app (or a module it imports)."
+        )
+    return [s for s in subs if s.topic in topics]
+
+
+class _Wake:
+    """Wakes every consumer thread at once (what the listener calls ``set`` on)."""
+
+    def __init__(self) -> None:
+        self.events: list[threading.Event] = []
+
+    def new(self) -> threading.Event:
+        event = threading.Event()
+        self.events.append(event)
+        return event
+
+    def set(self) -> None:
+        for event in self.events:
+            event.set()
+
+
+class Consumer:
+    """The subscribers' threads of one worker process (see the module's doc)."""
+
+    def __init__(
+        self,
+        *,
+        using: str,
+        subscribers: Iterable[Subscriber],
+        worker_id: str,
+        stopping: threading.Event,
+        sleep: float,
+    ):
+        self.using = using
+        self.subscribers = list(subscribers)
+        self.worker_id = worker_id
+        self.stopping = stopping
+        self.sleep = sleep
+        self.wake = _Wake()
+        self._held: dict[Any, tuple[bus.Batch, float]] = {}
+        self._held_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.handled = 0
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted({s.topic for s in self.subscribers})
+
+    def start(self) -> list[threading.Thread]:
+        for sub in self.subscribers:
+            for i in range(sub.concurrency):
+                event = self.wake.new()
+                t = threading.Thread(
+                    target=self._loop, args=(sub, event), name=f"jobs-topic-{sub.name}-{i}", daemon=True
+                )
+                self._threads.append(t)
+        renewer = threading.Thread(target=self._renew_loop, name="jobs-topic-renewer", daemon=True)
+        self._threads.append(renewer)
+        if driver(self.using).LISTEN_NOTIFY:  # elsewhere the threads poll
+            self._threads.append(
+                Listener(
+                    using=self.using,
+                    channel=get_settings().NOTIFY_CHANNEL,
+                    queues=[TOPIC_NOTIFY_PREFIX + t for t in self.topics],
+                    wake=self.wake,  # type: ignore[arg-type]
+                    stopping=self.stopping,
+                )
+            )
+        for t in self._threads:
+            t.start()
+        return self._threads
+
+    def join(self, deadline: float) -> int:
+        """Wait for the threads until ``deadline`` (monotonic); how many still run (their
+        batches' leases expire and the batches go to another worker)."""
+        self.wake.set()
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return sum(t.is_alive() for t in self._threads)
+
+    # -- one subscriber thread ------------------------------------------------------------------------
+
+    def _loop(self, sub: Subscriber, wake: threading.Event) -> None:
+        config: bus.TopicConfig | None = None
+        config_at = housekeeping_at = 0.0
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                if config is None or time.monotonic() - config_at > CONFIG_TTL:
+                    bus.ensure_group(sub.topic, sub.group, start_from=sub.start_from, using=self.using)
+                    config, config_at = bus.topic_config(sub.topic, using=self.using), time.monotonic()
+                if time.monotonic() - housekeeping_at > HOUSEKEEPING_SECONDS:
+                    self._housekeeping(sub)
+                    housekeeping_at = time.monotonic()
+                batch = bus.acquire_batch(
+                    sub.topic,
+                    sub.group,
+                    batch_size=sub.batch,
+                    worker_id=self.worker_id,
+                    using=self.using,
+                    config=config,
+                )
+                if batch is not None:
+                    self._handle(sub, batch, config)
+                    failures = 0
+                    continue
+                replay = control.claim_replay(
+                    sub.topic, sub.group, lease_seconds=config.lease_seconds, using=self.using
+                )
+                if replay is not None:
+                    self._replay(sub, replay)
+                    continue
+                failures = 0
+                wake.wait(self.sleep * random.uniform(0.8, 1.2))
+                wake.clear()
+            except DatabaseError as exc:
+                failures += 1
+                logger.warning(
+                    "Subscriber %s: database error (%s: %s); retrying.", sub.name, type(exc).__name__, str(exc).strip()
+                )
+                close_connection(self.using)
+                self.stopping.wait(min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0))
+            except Exception:  # noqa: BLE001 - a bug of ours must not kill the thread silently
+                logger.exception("Subscriber %s: unexpected error; going on.", sub.name)
+                self.stopping.wait(1.0)
+            finally:
+                close_old_connections()
+
+    def _housekeeping(self, sub: Subscriber) -> None:
+        """Cursors for partitions created while the group registered, and retention."""
+        with transaction.atomic(using=self.using):
+            bus.ensure_cursors(sub.topic, sub.group, using=self.using, now=timezone.now())
+        control.prune_messages(sub.topic, using=self.using)
+
+    def _handle(self, sub: Subscriber, batch: bus.Batch, config: bus.TopicConfig) -> None:
+        if batch.attempt > sub.max_attempts:
+            # Its workers died with it (leases expired) as many times as it may be attempted.
+            outcome = bus.fail_batch(
+                batch,
+                error="The batch's workers died while handling it (its lease expired) on every attempt.",
+                max_attempts=sub.max_attempts,
+                on_failure=sub.on_failure,
+                using=self.using,
+            )
+            logger.warning("Subscriber %s: partition %r stalled too often -> %s", sub.name, batch.partition, outcome)
+            return
+        context = MessageContext(sub.topic, sub.group, batch.partition, batch.attempt, self.worker_id)
+        arg: Any = batch.messages[0] if sub.batch == 1 else list(batch.messages)
+        with self._held_lock:
+            self._held[batch.token] = (batch, config.lease_seconds)
+        try:
+            with running(batch.messages[0].trace_id):
+                if sub.atomic:
+                    with transaction.atomic(using=self.using):
+                        sub.func(arg, context)
+                        if not bus.ack_batch(batch, using=self.using):
+                            raise LeaseLost()
+                else:
+                    sub.func(arg, context)
+        except LeaseLost:
+            logger.warning("Subscriber %s: lease lost; the handler's transaction was rolled back.", sub.name)
+            return
+        except Exception as exc:  # noqa: BLE001 - the handler's error is an outcome
+            outcome = bus.fail_batch(
+                batch,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+                max_attempts=sub.max_attempts,
+                backoff=sub.backoff,
+                on_failure=sub.on_failure,
+                using=self.using,
+            )
+            logger.warning(
+                "Subscriber %s: partition %r positions %d-%d failed (attempt %d): %s -> %s",
+                sub.name,
+                batch.partition,
+                batch.start + 1,
+                batch.end,
+                batch.attempt,
+                exc,
+                outcome,
+            )
+            return
+        finally:
+            with self._held_lock:
+                self._held.pop(batch.token, None)
+        if not sub.atomic:
+            bus.ack_batch(batch, using=self.using)
+        self.handled += len(batch.messages)
+
+    def _replay(self, sub: Subscriber, replay: control.Replay) -> None:
+        m = replay.message
+        context = MessageContext(sub.topic, sub.group, m.partition, replay.attempts + 1, self.worker_id, replay=True)
+        arg: Any = m if sub.batch == 1 else [m]
+        try:
+            with running(m.trace_id):
+                if sub.atomic:
+                    with transaction.atomic(using=self.using):
+                        sub.func(arg, context)
+                        if not control.settle_replay(replay, error=None, using=self.using):
+                            raise LeaseLost()
+                else:
+                    sub.func(arg, context)
+        except LeaseLost:
+            return
+        except Exception as exc:  # noqa: BLE001 - the handler's error is an outcome
+            control.settle_replay(
+                replay, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), using=self.using
+            )
+            return
+        if not sub.atomic:
+            control.settle_replay(replay, error=None, using=self.using)
+
+    # -- leases ---------------------------------------------------------------------------------------
+
+    def _renew_loop(self) -> None:
+        """Extend the leases of the batches being handled, at a third of their length; after a
+        stop request, for as long as a handler still runs."""
+        while True:
+            if self.stopping.is_set():
+                if not self._held:
+                    return
+                time.sleep(0.5)
+            else:
+                self.stopping.wait(0.5)
+            with self._held_lock:
+                held = list(self._held.values())
+            for batch, lease in held:
+                if batch.lease_expires_at.timestamp() - time.time() > lease * 2 / 3:
+                    continue
+                try:
+                    self._renew(batch, lease)
+                except DatabaseError as exc:
+                    logger.warning("Renewing a topic lease failed (%s); trying again.", exc)
+                    close_connection(self.using)
+            close_old_connections()
+
+    def _renew(self, batch: bus.Batch, lease: float) -> None:
+        renewed = bus.renew_batch_lease(batch, lease_seconds=lease, using=self.using)
+        with self._held_lock:
+            if batch.token not in self._held:
+                return  # finished meanwhile
+            if renewed:
+                self._held[batch.token] = (_renewed(batch, lease), lease)
+                return
+            self._held.pop(batch.token, None)
+        logger.warning(
+            "Subscriber %s/%s: the lease of partition %r was lost while its batch ran.",
+            batch.topic,
+            batch.group,
+            batch.partition,
+        )
+
+
+def _renewed(batch: bus.Batch, lease: float) -> bus.Batch:
+    return replace(batch, lease_expires_at=timezone.now() + timedelta(seconds=lease))
+
+
+__all__ = ["Consumer", "select_subscribers"]
