@@ -14,8 +14,10 @@ from django.test import Client
 from django.utils import timezone
 
 import django_jobs
+from django_jobs.admin.utils import moment
 from django_jobs.engine import topics as bus
 from django_jobs.models import ConsumerGroup, DeadLetter, GroupCursor, Message, Topic
+from tests.conftest import wait_until
 from tests.factories import staff_client, superuser_client
 
 db = pytest.mark.django_db
@@ -107,9 +109,7 @@ def test_group_page_shows_lag_and_the_lease_held_per_partition(orders):
     held = row(body, "data-partition", b.partition)
     assert cell(held, "leased-by") == "host-9:77"
     assert cell(held, "lag") == ("3" if b.partition == "a" else "2")
-    assert "expired" in cell(held, "lease-expires") or cell(held, "lease-expires").startswith(
-        str(timezone.localtime(b.lease_expires_at).year)
-    )
+    assert cell(held, "lease-expires") == moment(b.lease_expires_at), "a day ahead: not expired"
     other = row(body, "data-partition", "b" if b.partition == "a" else "a")
     assert cell(other, "leased-by") == "–"
 
@@ -235,6 +235,20 @@ def test_retry_and_skip_unblock_a_blocked_partition():
     # Not blocked any more: the engine's error is shown, nothing changes.
     response = client.post(group_url("jam", "billing", "retry"), {"partition": "p"}, follow=True)
     assert "is not blocked" in response.content.decode()
+
+
+@db
+def test_an_expired_lease_is_marked_and_malformed_ids_are_refused(orders):
+    orders.configure(lease=1)
+    b = bus.acquire_batch("orders", "billing", batch_size=1, worker_id="gone:1", using="default")
+    wait_until(lambda: timezone.now() > b.lease_expires_at, timeout=10, message="the lease's end")
+    body = superuser_client().get(group_url("orders", "billing")).content.decode()
+    assert cell(row(body, "data-partition", b.partition), "lease-expires").endswith("expired")
+    fail_head("orders", "billing")
+    client = superuser_client(name="root2")
+    assert client.post(group_url("orders", "billing", "replay"), {"ids": ["1", "x"]}).status_code == 400
+    assert client.post(group_url("orders", "billing", "delete"), {"one": "-1", "confirm": "yes"}).status_code == 400
+    assert DeadLetter.objects.get().state == "dead"
 
 
 @db

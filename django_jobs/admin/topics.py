@@ -27,7 +27,14 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -304,6 +311,8 @@ class TopicAdmin(admin.ModelAdmin):
         back = HttpResponseRedirect(_url("django_jobs_topic_group", topic, group))
         try:
             response = getattr(self, f"_{action}")(request, control)
+        except _MalformedSelection:
+            return HttpResponseBadRequest("Malformed dead letter id in the selection.")
         except JobsError as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return back
@@ -412,13 +421,19 @@ def _group(topic: str, group: str) -> console.GroupDetail:
     return detail
 
 
+class _MalformedSelection(ValueError):
+    pass
+
+
 def _selection(request: HttpRequest) -> list[int] | None:
     """The dead letters an action acts on: ``one`` (a row's button), the checked ``ids``, or every
-    one of the group with ``all=1`` (None). Malformed ids are a 404-free no-op: they match nothing."""
+    one of the group with ``all=1`` (None). A malformed id raises _MalformedSelection (a 400)."""
     if request.POST.get("all") == "1":
         return None
     picked = [request.POST["one"]] if request.POST.get("one") else request.POST.getlist("ids")
-    return [int(i) for i in picked if i.isdigit() and int(i) < 2**63]
+    if not all(i.isdigit() and int(i) < 2**63 for i in picked):
+        raise _MalformedSelection
+    return [int(i) for i in picked]
 
 
 def _seconds(value: float | None) -> str:
