@@ -323,6 +323,9 @@ def test_the_change_form_saves_settings_through_the_api(orders):
     response = client.post(f"{TOPICS}orders/change/", {"lease_seconds": "20", "max_size": ""})
     assert response.status_code == 302
     assert django_jobs.topic("orders").config.lease_seconds == 20.0
+    refused = client.post(f"{TOPICS}orders/change/", {"lease_seconds": "0.5", "max_size": "0"})
+    assert refused.status_code == 200 and "max_size must be an integer &gt;= 1" in refused.content.decode()
+    assert django_jobs.topic("orders").config.lease_seconds == 20.0
 
 
 @db

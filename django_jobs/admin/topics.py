@@ -44,7 +44,7 @@ import django_jobs
 from .. import console_topics as console
 from ..exceptions import JobsError
 from ..models import Topic
-from ..spec.topics import validate_topic_name
+from ..spec.topics import topic_columns, validate_topic_name
 from .utils import database, moment
 
 #: A group's controls and the permission (``django_jobs.<codename>``) each needs.
@@ -124,15 +124,31 @@ class SeekForm(forms.Form):
         return data
 
 
+class TopicForm(forms.ModelForm):
+    """The change form of a topic's row, validated as ``configure()`` validates its settings."""
+
+    class Meta:
+        model = Topic
+        fields = (
+            "name", "max_size", "lease_seconds", "delay_seconds", "max_wait_seconds", "window_buffer_seconds",
+            "retention_seconds", "max_age_seconds",
+        )  # fmt: skip
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            topic_columns(**{k: data.get(k if k == "max_size" else f"{k}_seconds") for k in SETTINGS})
+        except JobsError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
+
+
 @admin.register(Topic)
 class TopicAdmin(admin.ModelAdmin):
     """The topic pages (see the module docstring). The change form edits a topic's settings
     through ``configure_topic``; a topic needs no row to be used, so there is no add link."""
 
-    fields = (
-        "name", "max_size", "lease_seconds", "delay_seconds", "max_wait_seconds", "window_buffer_seconds",
-        "retention_seconds", "max_age_seconds",
-    )  # fmt: skip
+    form = TopicForm
 
     def get_model_perms(self, request):
         return {**super().get_model_perms(request), "add": False}
