@@ -20,7 +20,7 @@ from django.db.models import Min, Q
 from ..drivers import driver
 from ..exceptions import InvalidSeek, PartitionNotBlocked
 from ..models import ConsumerGroup, DeadLetter, DeadLetterState, GroupCursor, Message, Topic, TopicPartition
-from .topics import DeliveredMessage, clock, dead_letter, ensure_group, start_position, topic_config
+from .topics import DeliveredMessage, clock, dead_letter, ensure_group, start_position, topic_config, topic_event
 
 #: What moving a cursor resets besides its position.
 _RESET = {"lease_token": None, "lease_expires_at": None, "attempts": 0, "retry_at": None, "blocked": False}
@@ -34,7 +34,10 @@ def configure_topic(name: str, columns: dict[str, Any], *, using: str) -> None:
 def set_group_paused(topic: str, group: str, paused: bool, *, using: str, now: datetime | None = None) -> None:
     """Pause or resume a group: a paused group is handed no partition (batches already out finish)."""
     ensure_group(topic, group, using=using, now=now)
-    ConsumerGroup.objects.using(using).filter(topic=topic, name=group).update(paused=paused)
+    d = driver(using)
+    with transaction.atomic(using=using), d.cursor() as cursor:
+        ConsumerGroup.objects.using(using).filter(topic=topic, name=group).update(paused=paused)
+        topic_event(d, cursor, "group-paused" if paused else "group-resumed", topic, group, {}, now)
 
 
 def seek_group(topic: str, group: str, to: Any, *, using: str, now: datetime | None = None) -> int:
@@ -49,25 +52,31 @@ def seek_group(topic: str, group: str, to: Any, *, using: str, now: datetime | N
     ):
         raise InvalidSeek(f'seek() takes "beginning", "end", an aware datetime or a message id; got {to!r}.')
     ensure_group(topic, group, using=using, now=now)
+    d = driver(using)
+    with transaction.atomic(using=using), d.cursor() as cursor:
+        moved = _move_cursors(topic, group, to, using=using)
+        shown = to.isoformat() if isinstance(to, datetime) else to
+        topic_event(d, cursor, "group-seeked", topic, group, {"to": shown, "moved": moved}, now)
+    return moved
+
+
+def _move_cursors(topic: str, group: str, to: Any, *, using: str) -> int:
     cursors = GroupCursor.objects.using(using).filter(topic=topic, group_name=group)
-    with transaction.atomic(using=using):
-        if isinstance(to, int):
-            message = Message.objects.using(using).filter(id=to, topic=topic).values("partition_id", "position").first()
-            if message is None:
-                raise InvalidSeek(f"Topic {topic!r} has no message {to} (it may have been deleted by retention).")
-            return cursors.filter(partition_id=message["partition_id"]).update(
-                position=message["position"] - 1, **_RESET
-            )
-        if to == "beginning":
-            return cursors.update(position=0, **_RESET)
-        last = TopicPartition.objects.filter(id=models.OuterRef("partition_id")).values("last_position")
-        if to == "end":
-            return cursors.update(position=models.Subquery(last), **_RESET)
-        moved = 0
-        for cursor_id, pid, last_position in cursors.values_list("id", "partition_id", "partition__last_position"):
-            position = start_position(pid, last_position, to, using=using)
-            moved += cursors.filter(id=cursor_id).update(position=position, **_RESET)
-        return moved
+    if isinstance(to, int):
+        message = Message.objects.using(using).filter(id=to, topic=topic).values("partition_id", "position").first()
+        if message is None:
+            raise InvalidSeek(f"Topic {topic!r} has no message {to} (it may have been deleted by retention).")
+        return cursors.filter(partition_id=message["partition_id"]).update(position=message["position"] - 1, **_RESET)
+    if to == "beginning":
+        return cursors.update(position=0, **_RESET)
+    last = TopicPartition.objects.filter(id=models.OuterRef("partition_id")).values("last_position")
+    if to == "end":
+        return cursors.update(position=models.Subquery(last), **_RESET)
+    moved = 0
+    for cursor_id, pid, last_position in cursors.values_list("id", "partition_id", "partition__last_position"):
+        position = start_position(pid, last_position, to, using=using)
+        moved += cursors.filter(id=cursor_id).update(position=position, **_RESET)
+    return moved
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +172,8 @@ def skip_blocked(
                 now=now,
                 using=using,
             )
+            data = {"partition": partition, "positions": [head.position, head.position], "messages": [head.id]}
+            topic_event(d, cursor, "dead-lettered", topic, group, {**data, "skipped": True}, now)
         GroupCursor.objects.using(using).filter(id=row["id"], blocked=True).update(**update)
         return head.id if head is not None else 0
 
@@ -174,7 +185,12 @@ def replay_dead_letters(topic: str, group: str, ids: list[int] | None = None, *,
     letters = DeadLetter.objects.using(using).filter(topic=topic, group_name=group, state=DeadLetterState.DEAD)
     if ids is not None:
         letters = letters.filter(id__in=list(ids))
-    return letters.update(state=DeadLetterState.REPLAY, lease_token=None, lease_expires_at=None)
+    d = driver(using)
+    with transaction.atomic(using=using), d.cursor() as cursor:
+        queued = letters.update(state=DeadLetterState.REPLAY, lease_token=None, lease_expires_at=None)
+        if queued:
+            topic_event(d, cursor, "replay-requested", topic, group, {"count": queued}, None)
+    return queued
 
 
 def delete_dead_letters(topic: str, group: str, ids: list[int] | None = None, *, using: str) -> int:

@@ -27,6 +27,7 @@ from ..models import ConsumerGroup, DeadLetter, GroupCursor, Message, Topic, Top
 from ..spec.backoff import compute_backoff
 from ..spec.topics import DEFAULT_LEASE_SECONDS, validate_topic_declarations
 from .common import logger
+from .effects import write_events
 
 #: Cursors a consumer looks at per acquire (the first it wins is taken).
 ACQUIRE_CANDIDATES = 4
@@ -100,6 +101,20 @@ class Batch:
 def clock(d: Driver, cursor: Any, now: datetime | None) -> datetime:
     """``now``, or the database's clock where the driver has one (leases compared across hosts)."""
     return now if now is not None else d.clock(cursor)
+
+
+def topic_event(
+    d: Driver, cursor: Any, kind: str, topic: str, group: str, data: dict[str, Any], now: datetime | None
+) -> None:
+    """One bus-mode event (docs/reference/events.md) in the caller's transaction: the topic in
+    ``queue``, no job id, the group in ``data``. Written only on the operator's and the failure
+    paths (retried, blocked, dead-lettered, expired, seeked...), never per delivered message."""
+    write_events(cursor, d, [(topic, None, kind, {"group": group, **data})], now)
+
+
+def _first_line(error: str) -> str:
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:200]
 
 
 # -- groups ----------------------------------------------------------------------------------------------
@@ -194,14 +209,24 @@ def acquire_batch(
             cursor, topic=topic, group=group, now=now, newest_before=newest_before, limit=ACQUIRE_CANDIDATES
         )
         for cursor_id in candidates:
-            batch = _take(cursor_id, batch_size=batch_size, worker_id=worker_id, config=config, now=now, using=using)
+            batch = _take(
+                d, cursor, cursor_id, batch_size=batch_size, worker_id=worker_id, config=config, now=now, using=using
+            )
             if batch is not None:
                 return batch
     return None
 
 
 def _take(
-    cursor_id: int, *, batch_size: int, worker_id: str, config: TopicConfig, now: datetime, using: str
+    d: Driver,
+    db_cursor: Any,
+    cursor_id: int,
+    *,
+    batch_size: int,
+    worker_id: str,
+    config: TopicConfig,
+    now: datetime,
+    using: str,
 ) -> Batch | None:
     token = uuid.uuid4()
     expires = now + timedelta(seconds=config.lease_seconds)
@@ -242,6 +267,8 @@ def _take(
                 position=start, expired_count=models.F("expired_count") + expired, attempts=0
             )
             logger.info("Topic %s group %s: %d expired message(s) skipped.", row.topic, row.group_name, expired)
+            data = {"partition": row.partition.name, "positions": [row.position + 1, start], "count": expired}
+            topic_event(d, db_cursor, "message-expired", row.topic, row.group_name, data, now)
             messages = messages[expired:]
     ready = []
     for m in messages:
@@ -333,12 +360,22 @@ def fail_batch(
         now = clock(d, cursor, now)
         held = _held(batch, using=using)
         free = {"lease_token": None, "lease_expires_at": None, "last_error": error[:10_000]}
+        data = {
+            "partition": batch.partition,
+            "positions": [batch.start + 1, batch.end],
+            "attempt": batch.attempt,
+            "error": _first_line(error),
+        }
         if batch.attempt < max_attempts:
             wait = compute_backoff(backoff, batch.attempt, base=settings.BACKOFF_BASE, cap=settings.BACKOFF_CAP)
             done = held.update(attempts=batch.attempt, retry_at=now + timedelta(seconds=wait), **free)
+            if done:
+                topic_event(d, cursor, "message-retried", batch.topic, batch.group, data, now)
             return "retry" if done else "lost"
         if on_failure == "block":
             done = held.update(attempts=batch.attempt, blocked=True, **free)
+            if done:
+                topic_event(d, cursor, "message-blocked", batch.topic, batch.group, data, now)
             return "blocked" if done else "lost"
         done = held.update(position=batch.end, attempts=0, retry_at=None, **free)
         if not done:
@@ -346,6 +383,8 @@ def fail_batch(
         dead_letter(
             batch.group, batch.messages, error=error, traceback=traceback, attempts=batch.attempt, now=now, using=using
         )
+        data["messages"] = [m.id for m in batch.messages]
+        topic_event(d, cursor, "dead-lettered", batch.topic, batch.group, data, now)
         return "dead"
 
 
@@ -396,4 +435,5 @@ __all__ = [
     "renew_batch_lease",
     "start_position",
     "topic_config",
+    "topic_event",
 ]

@@ -44,6 +44,9 @@ class Topic(models.Model):
     class Meta:
         db_table = "django_jobs_topic"
         ordering = ("name",)
+        permissions = [
+            ("control_topic", "Can pause, resume and seek consumer groups and retry or skip blocked partitions")
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -175,6 +178,7 @@ class DeadLetter(models.Model):
     class Meta:
         db_table = "django_jobs_dead_letter"
         ordering = ("id",)
+        permissions = [("replay_deadletter", "Can replay dead letters")]
         indexes = [
             models.Index(fields=["topic", "group_name", "state"], name="django_jobs_dead_letter_group"),
         ]

@@ -27,12 +27,13 @@ from ...services import Pruner
 from ...spec.encryption import SHOWN, is_encrypted, shown_errors
 from ...states import JobState
 from ..text import ANSI_REDRAW, due, duration, moment, moment_ms, parse_moment, table
+from ..topic_commands import TopicCommands, add_topic_parsers
 
 
-class Command(BaseCommand):
+class Command(TopicCommands, BaseCommand):
     help = (
-        "Look at and act on django-jobs queues and jobs: status, list, show, retry, cancel, pause, resume, prune, "
-        "health, rotate-keys."
+        "Look at and act on django-jobs queues, jobs and topics: status, list, show, retry, cancel, pause, resume, "
+        "prune, health, rotate-keys, topics, lag, dead-letters."
     )
 
     # Django gives its common options (-v, --settings, --pythonpath, --traceback, --no-color,
@@ -105,6 +106,7 @@ class Command(BaseCommand):
         health.add_argument("--max-rescues", metavar="COUNT", help="Most stalled jobs in the window (needs EVENTS).")
         health.add_argument("--window", metavar="MINUTES", help="The window of --max-rescues (default 15).")
         health.add_argument("--json", action="store_true", dest="as_json", help="Print the report as JSON.")
+        add_topic_parsers(sub)
         # No default on a subcommand's copy: argparse writes every value a subparser holds over
         # the top level's, so a default there would undo "jobs -v 0 status". Given after the
         # subcommand, an option wins; not given, the value before it (or Django's default) stays.
