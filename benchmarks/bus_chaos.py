@@ -185,6 +185,7 @@ class Trap:
     signalled_at: float | None = None  # time.time() of the SIGKILL / SIGSTOP
     resumed_at: float | None = None  # time.time() of the SIGCONT
     taken_over_by: int | None = None  # the pid the stopped worker's batch went to
+    held_at_resume: set[tuple[str, str, int]] = field(default_factory=set)  # see held_by()
     replacement: str | None = None
     failure: str | None = None
 
@@ -265,13 +266,33 @@ def spring(trap: Trap, fleet: Fleet, probe: Path, lease: float, timeline: Path) 
             fleet.replace_exited()
             time.sleep(0.05)
     finally:
-        os.kill(trap.pid, signal.SIGCONT)
+        # What the stopped worker held when it resumed: a batch it then begins that is not
+        # among these was taken after it resumed (see judge()).
+        trap.held_at_resume = held_by(worker.worker_id)
         trap.resumed_at = time.time()
+        os.kill(trap.pid, signal.SIGCONT)
     trap.taken_over_by = taker
     log(timeline, f"SIGCONT {worker.worker_id} (pid {pid}) after {trap.resumed_at - trap.signalled_at:.1f}s; "
                   f"batch taken over by pid {taker}")  # fmt: skip
     if taker is None:
         trap.failure = f"no other worker took the stopped batch over within {3 * lease + 60:.0f} s"
+        return
+    # Its late acknowledgement, before the next trap (which might pick this worker again).
+    refusal = f"partition '{trap.partition}': the lease of positions {trap.first}-{trap.last} was lost; {REFUSED}"
+    deadline = time.monotonic() + 60
+    while refusal not in worker.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def held_by(worker_id: str) -> set[tuple[str, str, int]]:
+    """(group, partition, cursor) of the batches whose lease ``worker_id`` holds (live or not)."""
+    from django_jobs.models import GroupCursor
+
+    return set(
+        GroupCursor.objects.filter(topic=TOPIC, leased_by=worker_id, lease_token__isnull=False).values_list(
+            "group_name", "partition__name", "position"
+        )
+    )
 
 
 def log(timeline: Path, what: str) -> None:
@@ -323,6 +344,12 @@ def read_probe(probe: Path) -> list[Delivery]:
     return deliveries
 
 
+def last_stop(stops: list[Trap], *, before: float) -> Trap | None:
+    """The last of a worker's stops that began before ``before`` (a redelivery's start)."""
+    earlier = [t for t in stops if (t.signalled_at or 0) < before]
+    return max(earlier, key=lambda t: t.signalled_at or 0) if earlier else None
+
+
 def judge(opts: argparse.Namespace, fleet: Fleet, traps: list[Trap], run_dir: Path) -> tuple[dict[str, Any], list[str]]:
     import django_jobs
     from benchmarks.bus_chaos_app.models import Write
@@ -332,7 +359,10 @@ def judge(opts: argparse.Namespace, fleet: Fleet, traps: list[Trap], run_dir: Pa
     parts, per = opts.partitions, opts.messages
     expected = {(f"p{p}", pos) for p in range(parts) for pos in range(1, per + 1)}
     killed = {t.pid: t for t in traps if t.kind == "kill" and t.signalled_at}
-    stopped = {t.pid: t for t in traps if t.kind == "stop" and t.signalled_at}
+    stopped: dict[int, list[Trap]] = defaultdict(list)  # a worker may be stopped more than once
+    for t in traps:
+        if t.kind == "stop" and t.signalled_at and t.resumed_at:
+            stopped[t.pid or 0].append(t)
     logs = {w.proc.pid: w.log_path.read_text(errors="replace") for w in fleet.workers}
 
     # The messages as stored: every one, each partition's positions 1..N in publish order.
@@ -354,7 +384,9 @@ def judge(opts: argparse.Namespace, fleet: Fleet, traps: list[Trap], run_dir: Pa
     unexplained: list[str] = []
     stale: list[str] = []
     for (group, partition), ds in sorted(by_key.items()):
-        ds.sort(key=lambda d: d.began)
+        # In the order the engine handed them out: by cursor, then attempt (a takeover counts
+        # one). A stopped worker may write its "began" line after the takeover's.
+        ds.sort(key=lambda d: (d.start, d.attempt, d.began))
         current: Delivery | None = None
         for d in ds:
             positions = [pos for pos, _ in d.handled]
@@ -375,21 +407,30 @@ def judge(opts: argparse.Namespace, fleet: Fleet, traps: list[Trap], run_dir: Pa
             elif d.start == current.start:
                 if current.pid in killed and current.began < (killed[current.pid].signalled_at or 0):
                     d.cause = "kill"
-                elif (
-                    current.pid in stopped
-                    and current.began < (stopped[current.pid].resumed_at or 0)
-                    and (d.began > (stopped[current.pid].signalled_at or 0))
-                ):
-                    d.cause = "stop"
-                elif current.pid in stopped and current.began >= (stopped[current.pid].resumed_at or 0):
-                    # The stopped worker, once resumed, began a batch under a lease that had
-                    # expired before it was handed out (its take straddled the stop), and
-                    # another worker took the batch over: see the report of this run.
-                    d.cause = "stale"
-                    stale.append(
-                        f"{group} {partition}: {current.start + 1}-{current.end} begun by the resumed pid "
-                        f"{current.pid} after its SIGCONT, then delivered again to pid {d.pid} (attempt {d.attempt})"
-                    )
+                elif stop := last_stop(stopped.get(current.pid, []), before=d.began):
+                    resumed = stop.resumed_at or 0.0
+                    if (
+                        current.began < resumed  # its handler was stopped
+                        or d.began < resumed  # taken over during the stop: it was taken before
+                        or (group, partition, current.start) in stop.held_at_resume  # held, expired
+                    ):
+                        d.cause = "stop"
+                    elif d.began - resumed < opts.lease:
+                        # Taken by the stopped worker after it resumed (it held no lease on it
+                        # then), and taken over by another worker sooner than a lease written
+                        # after the resume could expire: the lease it was handed had expired
+                        # before its take wrote it (the take read its clock before the stop).
+                        d.cause = "stale"
+                        stale.append(
+                            f"{group} {partition}: {current.start + 1}-{current.end} taken by the resumed pid "
+                            f"{current.pid} after its SIGCONT and taken over by pid {d.pid} "
+                            f"{d.began - resumed:.2f}s after the SIGCONT (lease {opts.lease:g}s)"
+                        )
+                    else:
+                        unexplained.append(
+                            f"{group} {partition}: {d.start + 1}-{d.end} taken over by pid {d.pid} "
+                            f"{d.began - resumed:.1f}s after pid {current.pid} resumed and took it"
+                        )
                 else:
                     unexplained.append(
                         f"{group} {partition}: {d.start + 1}-{d.end} delivered again to pid {d.pid} (attempt "
@@ -408,7 +449,7 @@ def judge(opts: argparse.Namespace, fleet: Fleet, traps: list[Trap], run_dir: Pa
     if stale:
         problems.append(
             f"{len(stale)} batch(es) handed out to a worker under a lease that had already expired (its take "
-            "straddled its SIGSTOP), so another worker could run the same batch at the same time: "
+            "straddled its SIGSTOP; tests/test_bus_stale_lease.py), so two workers could run one batch at once: "
             + "; ".join(stale[:10])
         )
     if unexplained:
