@@ -43,6 +43,9 @@ if os.environ.get("JOBS_BENCH_STRIPPED") == "1":
 # JOBS_BENCH_BUS=1: the subscribers of benchmarks/bus.py (bus mode).
 if os.environ.get("JOBS_BENCH_BUS") == "1":
     INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.bus_app"]
+# JOBS_BENCH_BUS_CHAOS=1: the subscribers and the handlers' table of benchmarks/bus_chaos.py.
+if os.environ.get("JOBS_BENCH_BUS_CHAOS") == "1":
+    INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.bus_chaos_app.apps.BusChaosConfig"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("JOBS_BENCH_VENDOR") == "sqlite":
