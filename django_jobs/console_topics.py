@@ -21,6 +21,7 @@ from django.utils import timezone
 from .conf import get_settings
 from .engine.topics import TopicConfig, topic_config
 from .models import ConsumerGroup, DeadLetter, DeadLetterState, GroupCursor, Topic, TopicPartition
+from .spec.encryption import is_encrypted
 
 __all__ = [
     "ENCRYPTED_SHOWN",
@@ -41,12 +42,6 @@ __all__ = [
 ENCRYPTED_SHOWN = "encrypted (not shown)"
 #: Characters of a payload's JSON shown in a list before it is cut ("…").
 PAYLOAD_SHOWN = 200
-
-
-def is_encrypted(value: Any) -> bool:
-    """``value`` has the shape of an encryption envelope: a dict of one string under
-    ``"$encrypted"`` (the shape ``django_jobs.spec.encryption.encrypt_json`` stores)."""
-    return type(value) is dict and len(value) == 1 and isinstance(value.get("$encrypted"), str)
 
 
 def shown_payload(value: Any, limit: int | None = PAYLOAD_SHOWN) -> str:
