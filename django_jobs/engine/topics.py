@@ -13,6 +13,7 @@ operator moved the cursor) changes nothing: its acknowledgement is refused.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -202,6 +203,37 @@ def acquire_batch(
     (a delay), and the partition then waits until it is."""
     config = config or topic_config(topic, using=using)
     d = driver(using)
+    started = time.monotonic()
+    batch = _acquire(d, topic, group, batch_size=batch_size, worker_id=worker_id, using=using, config=config, now=now)
+    if batch is not None and time.monotonic() - started >= config.lease_seconds * STALE_TAKE:
+        # The take's lease was reckoned from the clock it read first; this process then stalled
+        # (SIGSTOP, a long pause) for much of the lease, which may have run out before the batch
+        # is handed out: another worker may take it over at once, and two would run one batch.
+        # Give it back unrun (guarded on the token: a no-op if it was taken over already).
+        release_batch(batch, using=using)
+        logger.warning(
+            "Topic %s group %s: taking partition %s's batch took %.1fs of its %gs lease; given back unrun.",
+            topic, group, batch.partition, time.monotonic() - started, config.lease_seconds,
+        )  # fmt: skip
+        return None
+    return batch
+
+
+#: A take that lasted this share of the lease gives its batch back (see acquire_batch).
+STALE_TAKE = 0.5
+
+
+def _acquire(
+    d: Driver,
+    topic: str,
+    group: str,
+    *,
+    batch_size: int,
+    worker_id: str,
+    using: str,
+    config: TopicConfig,
+    now: datetime | None,
+) -> Batch | None:
     with transaction.atomic(using=using), d.cursor() as cursor:
         now = clock(d, cursor, now)
         newest_before = now - timedelta(seconds=config.window_buffer_seconds or 0.0)
