@@ -220,7 +220,7 @@ def acquire_batch(
 
 
 #: A take that lasted this share of the lease gives its batch back (see acquire_batch).
-STALE_TAKE = 0.5
+STALE_TAKE = 0.8
 
 
 def _acquire(
