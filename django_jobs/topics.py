@@ -119,7 +119,7 @@ class TopicControl:
             delay=delay,
             cap=self.settings.MAX_PAYLOAD_BYTES,
         )
-        return publishing.publish_messages(self.name, [message], using=self.using)[0]
+        return publishing.publish_one(self.name, message, using=self.using)
 
     def publish_many(self, items: Iterable[dict[str, Any]]) -> list[Published]:
         """Publish several messages at once, in order. Each item is a dict with ``payload`` and

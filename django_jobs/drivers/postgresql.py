@@ -27,13 +27,14 @@ from .base import (
 )
 from .inserts import insert_chunk_sql, insert_sql
 from .pg_sql import HORIZON_SQL, TXID, event_cte, event_notify
+from .pg_topics import PgTopicVerbs
 
 logger = logging.getLogger("django_jobs.db")
 
 MIN_VERSION = 13  # gen_random_uuid() in core
 
 
-class PostgreSQLDriver(Driver):
+class PostgreSQLDriver(PgTopicVerbs, Driver):
     __slots__ = ()
     VENDOR = "postgresql"
     SKIP_LOCKED = True

@@ -24,6 +24,16 @@ class TopicVerbs:
 
     __slots__ = ()
 
+    #: :meth:`publish_one` serves this database (one message in one statement); else the
+    #: engine publishes through :meth:`bump_partition` and an INSERT.
+    PUBLISH_ONE = False
+
+    def publish_one(self: Any, cursor: Any, **message: Any) -> tuple[int, int] | None:
+        """One message of a topic with no max_size in one round trip: ``(id, position)``, or
+        None when the topic's row turns out to have a max_size (nothing written). Only where
+        :attr:`PUBLISH_ONE` says so (PostgreSQL: drivers/pg_topics.py)."""
+        raise NotImplementedError
+
     def bump_partition(
         self: Any, cursor: Any, *, topic: str, name: str, n: int, now: datetime | None
     ) -> tuple[int, int, bool, datetime]:

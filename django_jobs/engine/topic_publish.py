@@ -8,19 +8,21 @@ docs/explanation/bus-mode.md). A repeated transaction id is refused by the uniqu
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from ..conf import get_settings
 from ..drivers import Driver, driver
 from ..exceptions import TopicFull
 from ..models import ConsumerGroup, GroupCursor, Message, Topic
 from ..spec.topics import NewMessage
 from ..spec.tracing import trace_id_for_new_job
 from .effects import notify
-from .topics import TopicConfig, topic_config
+from .topics import TopicConfig, declared_topic, topic_config
 
 #: The NOTIFY payload that wakes a topic's consumers (PostgreSQL).
 TOPIC_NOTIFY_PREFIX = "topic:"
@@ -38,6 +40,34 @@ class Published:
     transaction_id: str | None
     trace_id: str
     duplicate: bool = False
+
+
+def publish_one(topic: str, message: NewMessage, *, using: str) -> Published:
+    """Publish one message (validated by ``spec.topics.new_message``) in the caller's
+    transaction: :func:`publish_messages` of one message, in one round trip where the driver
+    has ``PUBLISH_ONE`` and nothing calls for more (no transaction_id to look up, no max_size
+    declared; a max_size set on the topic's row at runtime is seen by the statement, which
+    then writes nothing, and the general path admits the message)."""
+    d = driver(using)
+    if d.PUBLISH_ONE and message.transaction_id is None:
+        declared = declared_topic(topic)
+        if declared.get("max_size") is None:
+            trace_id = trace_id_for_new_job(message.trace_id)
+            with d.cursor(hot=True) as cursor:
+                stored = d.publish_one(
+                    cursor,
+                    topic=topic,
+                    partition=message.partition,
+                    payload_json=json.dumps(message.payload),
+                    trace_id=trace_id,
+                    delay=message.delay,
+                    declared_delay=declared.get("delay_seconds"),
+                    channel=get_settings().NOTIFY_CHANNEL,
+                    wake=TOPIC_NOTIFY_PREFIX + topic,
+                )
+            if stored is not None:
+                return Published(stored[0], topic, message.partition, stored[1], None, trace_id)
+    return publish_messages(topic, [message], using=using)[0]
 
 
 def publish_messages(
@@ -211,4 +241,4 @@ def _add_cursors(topic: str, partition_id: int, now: datetime, *, using: str) ->
     )
 
 
-__all__ = ["TOPIC_NOTIFY_PREFIX", "Published", "publish_messages", "topic_size"]
+__all__ = ["TOPIC_NOTIFY_PREFIX", "Published", "publish_messages", "publish_one", "topic_size"]

@@ -59,8 +59,22 @@ _CONFIG_FIELDS = (
 )
 
 
+_declared: tuple[Any, dict[str, dict[str, Any]]] | None = None
+
+
+def declared_topic(name: str) -> dict[str, Any]:
+    """``DJANGO_JOBS["TOPICS"][name]`` as Topic columns (validated once per settings object:
+    override_settings makes a new one)."""
+    global _declared
+    settings = get_settings()
+    cached = _declared
+    if cached is None or cached[0] is not settings:
+        cached = _declared = (settings, validate_topic_declarations(settings.TOPICS or {}))
+    return cached[1].get(name, {})
+
+
 def topic_config(name: str, *, using: str) -> TopicConfig:
-    declared = validate_topic_declarations(get_settings().TOPICS or {}).get(name, {})
+    declared = declared_topic(name)
     row = Topic.objects.using(using).filter(name=name).values(*_CONFIG_FIELDS).first() or {}
     values = {f: row.get(f) if row.get(f) is not None else declared.get(f) for f in _CONFIG_FIELDS}
     if values["lease_seconds"] is None:

@@ -12,9 +12,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import close_old_connections, connection, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_jobs
+from django_jobs.drivers import driver
 from django_jobs.engine import topic_control as control
 from django_jobs.engine import topic_publish as publishing
 from django_jobs.engine import topics as bus
@@ -158,6 +161,79 @@ def test_max_size_bounds_the_largest_backlog_of_any_group():
     assert Message.objects.count() == 4
     t.configure(max_size=None)
     t.publish_many([{"payload": i} for i in range(10)])
+
+
+@db
+def test_a_single_publish_is_one_statement_where_the_database_can():
+    if not driver("default").PUBLISH_ONE:
+        pytest.skip("one-statement publish is PostgreSQL's; elsewhere the general path (the tests above)")
+    bus.ensure_group("orders", "billing", start_from="beginning", using="default")
+    t = django_jobs.topic("orders")
+    t.publish(0, partition="a")  # the partition exists
+    with CaptureQueriesContext(connection) as first:
+        existing = t.publish({"n": 1}, partition="a")
+    with CaptureQueriesContext(connection) as second:
+        new = t.publish({"n": 2}, partition="b")  # a new partition: its cursor comes with it
+    assert (len(first), len(second)) == (1, 1), [q["sql"][:80] for q in [*first, *second]]
+    assert (existing.position, new.position) == (2, 1)
+    assert GroupCursor.objects.filter(topic="orders", group_name="billing").count() == 2
+    batch = take("orders", "billing", batch=10, now=at(1))
+    assert batch is not None
+    got = {batch.partition: payloads(batch)}
+    bus.ack_batch(batch, using="default")
+    batch = take("orders", "billing", batch=10, now=at(1))
+    got[batch.partition] = payloads(batch)
+    assert got == {"a": [0, {"n": 1}], "b": [{"n": 2}]}
+
+
+@db
+def test_a_single_publish_waits_its_own_delay_else_the_topics_else_the_declared_one():
+    t = django_jobs.topic("orders")
+
+    def delay_of(published) -> float:
+        m = Message.objects.get(id=published.id)
+        return (m.available_at - m.created_at).total_seconds()
+
+    with override_settings(DJANGO_JOBS={"TOPICS": {"orders": {"delay": 3}}}):
+        assert delay_of(t.publish(1)) == 3
+        assert delay_of(t.publish(2, delay=5)) == 5
+        t.configure(delay=7)
+        assert delay_of(t.publish(3)) == 7
+        assert delay_of(t.publish(4, delay=0)) == 0
+    t.configure(delay=None)
+    assert delay_of(t.publish(5)) == 0
+
+
+@db
+def test_a_declared_max_size_bounds_a_single_publish():
+    with override_settings(DJANGO_JOBS={"TOPICS": {"orders": {"max_size": 1}}}):
+        bus.ensure_group("orders", "billing", start_from="beginning", using="default")
+        t = django_jobs.topic("orders")
+        t.publish(1)
+        with pytest.raises(TopicFull):
+            t.publish(2)
+    assert Message.objects.filter(topic="orders").count() == 1
+
+
+@db(transaction=True)
+def test_a_single_publish_wakes_the_topics_consumers_on_commit():
+    if not driver("default").LISTEN_NOTIFY:
+        pytest.skip("wake-ups are PostgreSQL's LISTEN/NOTIFY; other databases poll")
+    import psycopg
+
+    from django_jobs.conf import get_settings
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"] or 5432, user=settings["USER"],
+        password=settings["PASSWORD"], dbname=settings["NAME"], autocommit=True,
+    ) as listener:  # fmt: skip
+        listener.execute(f"LISTEN {get_settings().NOTIFY_CHANNEL}")
+        with transaction.atomic():
+            django_jobs.topic("orders").publish(1)
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []  # not before the commit
+        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert got == ["topic:orders"]
 
 
 # -- consume: order, leases, acks ------------------------------------------------------------------------
