@@ -56,11 +56,9 @@ anyway).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -87,7 +85,7 @@ from django.db import connection  # noqa: E402 - after the environment it reads
 
 from benchmarks import throughput as tp  # noqa: E402
 from benchmarks.bus_chaos_app import ATOMIC_GROUP, GROUPS, PROBE_ENV, TOPIC  # noqa: E402
-from benchmarks.chaos import Fleet, note, source_state, tail  # noqa: E402
+from benchmarks.chaos import Fleet, note, report, source_state, tail  # noqa: E402
 
 REFUSED = "the acknowledgement was refused"
 REFUSED_LINE = re.compile(
@@ -772,20 +770,7 @@ def main() -> None:
     figures["seed"] = opts.seed
     connection.close()
 
-    print()
-    print(text_table(figures))
-    print()
-    if problems:
-        print(f"PROBLEMS ({len(problems)}); worker logs and probe files kept in {run_dir}:")
-        for p in problems:
-            print(f"- {p}")
-    elif opts.keep:
-        print(f"No problems found; run directory kept in {run_dir}.")
-    else:
-        print("No problems found.")
-        shutil.rmtree(run_dir, ignore_errors=True)
-    print(json.dumps({"benchmark": "bus_chaos", **figures}, default=str))
-    sys.exit(1 if problems else 0)
+    report("bus_chaos", text_table(figures), figures, problems, run_dir, keep=opts.keep)
 
 
 if __name__ == "__main__":

@@ -919,19 +919,25 @@ def main() -> None:
     figures["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     connection.close()
 
+    report("chaos", text_table(figures), figures, problems, run_dir, keep=opts.keep)
+
+
+def report(name: str, table: str, figures: dict[str, Any], problems: list[str], run_dir: Path, *, keep: bool) -> None:
+    """Print a chaos run's table, its problems (keeping the run directory for them) and its
+    JSON line, and exit 1 if there were problems; shared with benchmarks/bus_chaos.py."""
     print()
-    print(text_table(figures))
+    print(table)
     print()
     if problems:
         print(f"PROBLEMS ({len(problems)}); worker logs and probe files kept in {run_dir}:")
         for p in problems:
             print(f"- {p}")
-    elif opts.keep:
+    elif keep:
         print(f"No problems found; run directory kept in {run_dir}.")
     else:
         print("No problems found.")
         shutil.rmtree(run_dir, ignore_errors=True)
-    print(json.dumps({"benchmark": "chaos", **figures}, default=str))
+    print(json.dumps({"benchmark": name, **figures}, default=str))
     sys.exit(1 if problems else 0)
 
 
