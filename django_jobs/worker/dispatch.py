@@ -1,0 +1,105 @@
+"""Sending Django's task signals from the worker, twice per job (``task_started``,
+``task_finished``), as ``Signal.send_robust`` does but without looking the receivers up each
+time: that look-up (the signal's lock, its dead-receiver sweep, a key per sender, a list of
+weak references resolved) cost more than Django's own logging receiver it then calls.
+
+A :class:`TaskSignal` keeps, per sender, the signal's entries that concern it, and looks again
+only when the signal's receivers change (a connect, a disconnect, a weakly-referenced receiver
+collected). Weak references stay weak: each is resolved at the call, as Django does, so a
+receiver that was collected is skipped and its owner is not kept alive by this cache. A signal
+with an async receiver, or a Django whose receiver entries differ, goes through
+``send_robust`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from django.dispatch import Signal
+
+logger = logging.getLogger("django_jobs.worker")
+
+_WEAK = weakref.ReferenceType
+
+
+class TaskSignal:
+    """``send`` is ``signal.send_robust(sender=..., task_result=...)`` with failures logged."""
+
+    __slots__ = ("_entries", "_seen", "signal")
+
+    def __init__(self, signal: Signal):
+        self.signal = signal
+        #: ``signal.receivers`` as last seen (a copy), and per sender its (receiver, sender_ref)
+        #: entries, or None: send through send_robust.
+        self._seen: list[Any] | None = None
+        self._entries: dict[Any, list[tuple[Any, Any]] | None] = {}
+
+    def send(self, sender: Any, task_result: Any) -> None:
+        """Call each receiver of ``sender`` with ``task_result``; one that raises is logged (by
+        Django's dispatcher logger, as send_robust does, and ours) and the others still run."""
+        signal = self.signal
+        entries = self._for(sender)
+        if entries is None:
+            for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
+                if isinstance(response, Exception):
+                    _log_failure(receiver, task_result, response)
+            return
+        for receiver, sender_ref in entries:
+            if isinstance(receiver, _WEAK):  # weakref.ref or WeakMethod
+                receiver = receiver()
+                if receiver is None:
+                    continue
+            if sender_ref is not None and sender_ref() is None:
+                continue
+            try:
+                receiver(signal=signal, sender=sender, task_result=task_result)
+            except Exception as err:  # noqa: BLE001 - as send_robust: logged, the others still run
+                log_robust = getattr(signal, "_log_robust_failure", None)
+                if log_robust is not None:
+                    log_robust(receiver, err)
+                _log_failure(receiver, task_result, err)
+
+    def _for(self, sender: Any) -> list[tuple[Any, Any]] | None:
+        signal = self.signal
+        if getattr(signal, "_dead_receivers", True):
+            return None  # a collected receiver awaits Django's sweep, which send_robust makes
+        receivers = signal.receivers
+        if self._seen != receivers:  # connected or disconnected since: look again
+            self._seen = list(receivers)
+            self._entries = {}
+        try:
+            return self._entries[sender]
+        except KeyError:
+            pass
+        entries = _entries_of(self._seen, sender)
+        self._entries[sender] = entries
+        return entries
+
+
+def _entries_of(receivers: list[Any], sender: Any) -> list[tuple[Any, Any]] | None:
+    """The (receiver, sender_ref) entries of ``receivers`` (a signal's list) that ``sender``
+    reaches, in order; None when one is async or the entries are not Django 5's
+    ``((receiver_key, sender_key), receiver, sender_ref, is_async)``."""
+    from django.dispatch.dispatcher import NONE_ID, _make_id  # Django's own keys for "any sender" and a sender
+
+    key = _make_id(sender)
+    out = []
+    for entry in receivers:
+        if not isinstance(entry, tuple) or len(entry) != 4:
+            return None
+        (_, sender_key), receiver, sender_ref, is_async = entry
+        if sender_key != NONE_ID and sender_key != key:
+            continue
+        if is_async:
+            return None
+        out.append((receiver, sender_ref))
+    return out
+
+
+def _log_failure(receiver: Any, task_result: Any, err: Exception) -> None:
+    logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=err)
+
+
+__all__ = ["TaskSignal"]
