@@ -3,20 +3,23 @@
 Positions come from the partition's counter (``Driver.bump_partition``), whose row lock orders
 a partition's publishers so that a group's cursor never passes a message committing later (see
 docs/explanation/bus-mode.md). A repeated transaction id is refused by the unique constraint
-``(topic, transaction_id)``, and the publish returns the first message.
+``(topic, transaction_id)``, and the publish returns the first message. A topic whose config
+says ``encrypt`` stores each payload as an envelope (``spec.encryption``), encrypted before the
+transaction starts: without a key nothing is published.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from ..drivers import Driver, driver
-from ..exceptions import TopicFull
+from ..exceptions import EncryptionKeysMissing, TopicFull
 from ..models import ConsumerGroup, GroupCursor, Message, Topic
+from ..spec.encryption import encrypt_json, require_keys
 from ..spec.topics import NewMessage
 from ..spec.tracing import trace_id_for_new_job
 from .effects import notify
@@ -48,10 +51,14 @@ def publish_messages(
     consecutive positions. A message whose transaction_id the topic already has is not stored
     again: its result is the first message's, with ``duplicate=True``. Raises TopicFull (nothing
     published) when the topic's max size would be passed. Wakes the topic's consumers on commit
-    (PostgreSQL)."""
+    (PostgreSQL). A topic with ``encrypt`` stores the payloads encrypted (validated and sized in
+    clear before); it raises EncryptionKeysMissing (CryptographyMissing...) and publishes
+    nothing when they cannot be encrypted."""
     if not messages:
         return []
     config = topic_config(topic, using=using)
+    if config.encrypt:
+        messages = _encrypted(topic, messages)
     d = driver(using)
     with transaction.atomic(using=using), d.cursor() as cursor:
         for _ in range(3):
@@ -90,6 +97,18 @@ def publish_messages(
             by_txn[m.transaction_id] = p
         out.append(p)
     return out
+
+
+def _encrypted(topic: str, messages: list[NewMessage]) -> list[NewMessage]:
+    """``messages`` with their payloads as envelopes, encrypted with the first key."""
+    try:
+        require_keys()
+    except EncryptionKeysMissing:
+        raise EncryptionKeysMissing(
+            f'Topic {topic!r} is to store its messages encrypted (encrypt=True), but DJANGO_JOBS["ENCRYPTION_KEYS"] '
+            "is empty; nothing was published. Add a key (see docs/howto/encryption.md)."
+        ) from None
+    return [replace(m, payload=encrypt_json(m.payload)) for m in messages]
 
 
 def _replace_dup(p: Published) -> Published:
