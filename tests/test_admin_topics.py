@@ -18,8 +18,8 @@ from django_jobs.admin.utils import moment
 from django_jobs.engine import topics as bus
 from django_jobs.models import ConsumerGroup, DeadLetter, GroupCursor, Message, Topic
 from tests.conftest import wait_until
-from tests.test_encryption import KEY_A, keys
 from tests.factories import staff_client, superuser_client
+from tests.test_encryption import KEY_A, keys
 
 db = pytest.mark.django_db
 TOPICS = "/admin/django_jobs/topic/"
