@@ -88,7 +88,12 @@ class Command(TopicCommands, BaseCommand):
             help="Re-encrypt every encrypted job, message and dead letter with the first of ENCRYPTION_KEYS, in batches; "
             "safe while workers run.",
         )
-        rotate.add_argument("--batch-size", type=int, default=500, help="Jobs per transaction, 1-10000 (default 500).")
+        rotate.add_argument(
+            "--batch-size",
+            type=int,
+            default=500,
+            help="Rows (jobs, messages...) per transaction, 1-10000 (default 500).",
+        )
         rotate.add_argument("--after", metavar="ID", help="Start after this job id (a stopped run printed it).")
         health = sub.add_parser(
             "health", help="Exit 0 when healthy, 1 when a check fails (one line each on stderr), 2 for a bad option."
