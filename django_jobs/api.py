@@ -75,15 +75,30 @@ class KeyRotation:
     """What :func:`rotate_keys` did. Encrypted jobs: ``examined``, ``rotated`` (re-encrypted
     with the first key; the others had it already) and ``last_id``, the job id the run ended
     after (for ``after=``). ``flow_values`` and ``stashes``: the encrypted flow children's values
-    on dependency rows and the stashed dedup enqueues re-encrypted. ``undecryptable``: what no
-    key decrypts (a job id, or ``"flow value <id>"`` / ``"dedup stash <id>"``), left as it is."""
+    on dependency rows and the stashed dedup enqueues re-encrypted. Bus mode: ``messages``,
+    ``dead_letters`` and ``cursor_errors`` (a group cursor's last error) re-encrypted.
+    ``undecryptable``: what no key decrypts (a job id, or ``"flow value <id>"``, ``"dedup stash
+    <id>"``, ``"message <id>"``, ``"dead letter <id>"``, ``"cursor error <id>"``), left as it is."""
 
     examined: int = 0
     rotated: int = 0
     flow_values: int = 0
     stashes: int = 0
+    messages: int = 0
+    dead_letters: int = 0
+    cursor_errors: int = 0
     undecryptable: list[str] = field(default_factory=list)
     last_id: uuid.UUID | None = None
+
+
+#: The KeyRotation field counting each kind but jobs (``engine.ENCRYPTED_KINDS``).
+_ROTATED_FIELD = {
+    "flow values": "flow_values",
+    "dedup stashes": "stashes",
+    "messages": "messages",
+    "dead letters": "dead_letters",
+    "cursor errors": "cursor_errors",
+}
 
 
 def rotate_keys(
@@ -97,7 +112,8 @@ def rotate_keys(
     ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, ``batch_size`` rows per transaction: every encrypted job
     (``encrypt=True``: arguments, return value, error tracebacks) in id order from after the job
     id ``after`` (None: the first), then the values encrypted flow children left on their
-    dependency rows and the stashed dedup enqueues of encrypted jobs. Safe while workers run
+    dependency rows, the stashed dedup enqueues of encrypted jobs, and bus mode's encrypted
+    messages, dead letters and cursors' last errors (``after`` is for jobs only). Safe while workers run
     (each batch's rows are locked and read again); a row the first key encrypted already is not
     written, so a run started again after a stop redoes nothing. ``on_batch`` gets the running
     totals after each batch of jobs. Raises EncryptionKeysMissing without keys and
@@ -127,9 +143,7 @@ def rotate_keys(
                 if on_batch is not None:
                     on_batch(totals)
                 continue
-            if kind == "flow values":
-                totals.flow_values += batch.rotated
-            else:
-                totals.stashes += batch.rotated
+            field_name = _ROTATED_FIELD[kind]
+            setattr(totals, field_name, getattr(totals, field_name) + batch.rotated)
             totals.undecryptable += [f"{kind[:-1]} {i}" for i in batch.undecryptable]
     return totals

@@ -4,7 +4,7 @@ E001 django_jobs missing from INSTALLED_APPS      E002 invalid DJANGO_JOBS / OPT
 E003 DATABASE alias unknown or vendor unsupported E004 database too old
 E005 SQLite with more than one worker process     E006 MIDDLEWARE entry that does not import
 E007 invalid SCHEDULES declaration                E008 MySQL/MariaDB without SKIP LOCKED
-E009 invalid ENCRYPTION_KEYS, or no cryptography W003 an encrypt=True task without ENCRYPTION_KEYS
+E009 invalid ENCRYPTION_KEYS, or no cryptography W003 an encrypt=True task or topic without ENCRYPTION_KEYS
 W001 invalid name in QUEUES                      W002 admin without rangefilter
 
 E001 itself is :func:`django_jobs.backend.check_app_installed`: this module imports the drivers,
@@ -30,12 +30,13 @@ from .drivers.mysql import MIN_MARIADB, MIN_MYSQL
 from .drivers.postgresql import MIN_VERSION as MIN_POSTGRESQL
 from .drivers.sqlite import MIN_VERSION as MIN_SQLITE
 from .drivers.sqlite import version as sqlite_version
-from .exceptions import InvalidSchedule, JobsConfigurationError
+from .exceptions import InvalidSchedule, JobsConfigurationError, JobsError
 from .spec.encryption import key_problems, require_keys
 from .spec.queues import QUEUE_NAME_RE
 from .spec.schedules import declaration_fields, declared_schedules
 from .spec.settings import settings_problems
 from .spec.tasks import declared_tasks
+from .spec.topics import validate_topic_declarations
 
 SUPPORTED_VENDORS = tuple(DRIVERS)
 
@@ -164,9 +165,11 @@ def _vendor_of(alias: str, engine: str) -> str:
 @checks.register()
 def check_encryption(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E009: ``ENCRYPTION_KEYS`` is not a list of Fernet keys, or cryptography is missing; W003:
-    a declared ``encrypt=True`` task and no key (its enqueue would raise EncryptionKeysMissing)."""
+    a declared ``encrypt=True`` task, or a topic declared with ``encrypt`` in ``TOPICS``, and no
+    key (its enqueue or publish would raise EncryptionKeysMissing)."""
     try:
-        keys = get_settings().ENCRYPTION_KEYS
+        conf = get_settings()
+        keys = conf.ENCRYPTION_KEYS
     except (JobsConfigurationError, TypeError):
         return []  # a malformed DJANGO_JOBS: E002 says so
     hint = "Generate a key with Fernet.generate_key(); see docs/howto/encryption.md."
@@ -185,17 +188,37 @@ def check_encryption(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 )
             ]
         return []
+    warnings: list[checks.CheckMessage] = []
     encrypted = sorted(t.module_path for t in declared_tasks() if getattr(t, "encrypt", False))
-    if not encrypted:
-        return []
-    return [
-        checks.Warning(
-            f"Task(s) {', '.join(encrypted)} have encrypt=True but DJANGO_JOBS['ENCRYPTION_KEYS'] is empty: enqueueing "
-            "them raises EncryptionKeysMissing.",
-            hint=hint,
-            id="django_jobs.W003",
+    if encrypted:
+        warnings.append(
+            checks.Warning(
+                f"Task(s) {', '.join(encrypted)} have encrypt=True but DJANGO_JOBS['ENCRYPTION_KEYS'] is empty: "
+                "enqueueing them raises EncryptionKeysMissing.",
+                hint=hint,
+                id="django_jobs.W003",
+            )
         )
-    ]
+    topics = _encrypted_topics(conf.TOPICS)
+    if topics:
+        warnings.append(
+            checks.Warning(
+                f"Topic(s) {', '.join(topics)} have encrypt=True in DJANGO_JOBS['TOPICS'] but "
+                "DJANGO_JOBS['ENCRYPTION_KEYS'] is empty: publishing to them raises EncryptionKeysMissing.",
+                hint=hint,
+                id="django_jobs.W003",
+            )
+        )
+    return warnings
+
+
+def _encrypted_topics(declared: Any) -> list[str]:
+    """The topics ``TOPICS`` declares with ``encrypt=True`` (none when it is invalid: E002 says so)."""
+    try:
+        columns = validate_topic_declarations(declared or {})
+    except JobsError:
+        return []
+    return sorted(name for name, values in columns.items() if values.get("encrypt"))
 
 
 @checks.register(checks.Tags.database)

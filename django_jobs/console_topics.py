@@ -6,6 +6,10 @@ many messages each received), the groups' cursors (one per partition and group: 
 partition's last position less the cursor's), the groups and their dead letters. No query counts
 the message table. Changes (pause, seek, retry, replay...) go through
 :mod:`django_jobs.topics` and :mod:`django_jobs.engine.topic_control`, never through here.
+
+Encrypted content is never shown, neither in clear nor as ciphertext: an encrypted payload is
+:data:`ENCRYPTED_SHOWN` (:func:`shown_payload`), an encrypted error or traceback the exception's
+name and the same words (:func:`shown_error`). No key is needed to show them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from django.utils import timezone
 from .conf import get_settings
 from .engine.topics import TopicConfig, topic_config
 from .models import ConsumerGroup, DeadLetter, DeadLetterState, GroupCursor, Topic, TopicPartition
-from .spec.encryption import is_encrypted
+from .spec.encryption import SHOWN, is_encrypted, shown_text
+from .spec.topics import validate_topic_declarations
 
 __all__ = [
     "ENCRYPTED_SHOWN",
@@ -33,13 +38,14 @@ __all__ = [
     "dead_letters",
     "group_detail",
     "is_encrypted",
+    "shown_error",
     "shown_payload",
     "topic_detail",
     "topic_overview",
 ]
 
-#: What the admin and the command show where a payload is encrypted.
-ENCRYPTED_SHOWN = "encrypted (not shown)"
+#: What the admin and the command show where a payload (or an error's message) is encrypted.
+ENCRYPTED_SHOWN = SHOWN
 #: Characters of a payload's JSON shown in a list before it is cut ("…").
 PAYLOAD_SHOWN = 200
 
@@ -54,6 +60,12 @@ def shown_payload(value: Any, limit: int | None = PAYLOAD_SHOWN) -> str:
     if limit is not None and len(text) > limit:
         return text[: limit - 1] + "…"
     return text
+
+
+def shown_error(value: str) -> str:
+    """An error or traceback as the console shows it: as stored, or for an encrypted one the
+    exception's name and :data:`ENCRYPTED_SHOWN` (``ValueError: encrypted (not shown)``)."""
+    return shown_text(value)
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ class TopicRow:
     groups: list[GroupRow] = field(default_factory=list)
     #: It has a Topic row: runtime settings set in the admin or with ``configure()``.
     configured: bool = False
+    #: Its messages are published encrypted (its ``encrypt`` setting in effect).
+    encrypted: bool = False
 
     @property
     def lag(self) -> int:
@@ -116,6 +130,7 @@ class PartitionRow:
     attempts: int
     retry_at: datetime | None
     expired: int
+    #: As :func:`shown_error` shows it (never an encrypted error's message).
     last_error: str
 
     @property
@@ -132,6 +147,8 @@ class GroupDetail:
     created_at: datetime | None
     partitions: list[PartitionRow]
     now: datetime
+    #: The topic publishes its messages encrypted now (older ones may be in clear, and the reverse).
+    encrypted: bool = False
 
 
 def _known_topics(using: str) -> list[str]:
@@ -199,14 +216,28 @@ def topic_overview(*, using: str) -> list[TopicRow]:
     by name, with its groups and their lag: five grouped queries whatever the number of messages."""
     partitions = _partitions(using)
     groups = _groups(using)
-    configured = set(Topic.objects.using(using).values_list("name", flat=True))
+    configured = dict(Topic.objects.using(using).values_list("name", "encrypt"))
+    declared = _declared_encrypt()
     return [
-        _topic_row(name, partitions.get(name, {}), groups.get(name, []), name in configured)
+        _topic_row(
+            name,
+            partitions.get(name, {}),
+            groups.get(name, []),
+            name in configured,
+            encrypted=configured[name] if configured.get(name) is not None else declared.get(name, False),
+        )
         for name in _known_topics(using)
     ]
 
 
-def _topic_row(name: str, p: dict[str, Any], groups: list[GroupRow], configured: bool) -> TopicRow:
+def _declared_encrypt() -> dict[str, bool]:
+    """``{topic: encrypt}`` as ``DJANGO_JOBS["TOPICS"]`` declares it (the setting in effect when
+    the topic's row says nothing)."""
+    declared = validate_topic_declarations(get_settings().TOPICS or {})
+    return {name: bool(values.get("encrypt")) for name, values in declared.items()}
+
+
+def _topic_row(name: str, p: dict[str, Any], groups: list[GroupRow], configured: bool, *, encrypted: bool) -> TopicRow:
     return TopicRow(
         name=name,
         partitions=p.get("partitions", 0),
@@ -214,6 +245,7 @@ def _topic_row(name: str, p: dict[str, Any], groups: list[GroupRow], configured:
         newest_at=p.get("newest_at"),
         groups=groups,
         configured=configured,
+        encrypted=encrypted,
     )
 
 
@@ -224,12 +256,14 @@ def topic_detail(*, using: str, name: str) -> TopicDetail | None:
     groups = _groups(using, name).get(name, [])
     if not (configured or p or groups or name in (get_settings().TOPICS or {})):
         return None
-    return TopicDetail(row=_topic_row(name, p, groups, configured), config=topic_config(name, using=using))
+    config = topic_config(name, using=using)
+    return TopicDetail(row=_topic_row(name, p, groups, configured, encrypted=config.encrypt), config=config)
 
 
 def group_detail(*, using: str, topic: str, group: str, now: datetime | None = None) -> GroupDetail | None:
     """One group: its figures and, per partition (by name), the cursor, lag, lease (who holds it,
-    until when), pending retry, blocked flag and last error. None for an unknown group."""
+    until when), pending retry, blocked flag and last error (:func:`shown_error`), and whether
+    the topic encrypts. None for an unknown group."""
     found = ConsumerGroup.objects.using(using).filter(topic=topic, name=group).values("paused", "created_at").first()
     if found is None:
         return None
@@ -265,18 +299,25 @@ def group_detail(*, using: str, topic: str, group: str, now: datetime | None = N
             attempts,
             retry_at,
             expired,
-            err,
+            shown_error(err),
         )  # fmt: skip
         for name, pos, last, by, exp, token, blocked, attempts, retry_at, expired, err in cursors
     ]
-    return GroupDetail(row=row, created_at=found["created_at"], partitions=partitions, now=now or timezone.now())
+    return GroupDetail(
+        row=row,
+        created_at=found["created_at"],
+        partitions=partitions,
+        now=now or timezone.now(),
+        encrypted=topic_config(topic, using=using).encrypt,
+    )
 
 
 def dead_letters(
     *, using: str, topic: str, group: str, limit: int = 100, state: str | None = None
 ) -> tuple[list[DeadLetter], bool]:
     """The group's newest ``limit`` dead letters (newest first) and whether there are more.
-    ``state``: only those in it (``dead``, ``replay``, ``replaying``)."""
+    ``state``: only those in it (``dead``, ``replay``, ``replaying``). The rows as stored: show
+    their payload with :func:`shown_payload`, their error and traceback with :func:`shown_error`."""
     if state is not None and state not in DeadLetterState.values:
         raise ValueError(f"Unknown dead letter state {state!r}; one of {', '.join(DeadLetterState.values)}.")
     letters = DeadLetter.objects.using(using).filter(topic=topic, group_name=group)

@@ -81,7 +81,9 @@ class GroupControl:
         return control.skip_blocked(self.topic, self.name, partition, using=self.using)
 
     def dead_letters(self) -> Any:
-        """The group's dead letters (a QuerySet, oldest first)."""
+        """The group's dead letters (a QuerySet, oldest first), as stored: an encrypted message's
+        payload is its envelope (``spec.encryption.decrypt_json``), an encrypted topic's error
+        and traceback encrypted texts (``decrypt_text``)."""
         return DeadLetter.objects.using(self.using).filter(topic=self.topic, group_name=self.name)
 
     def replay(self, ids: Iterable[int] | None = None) -> int:
@@ -124,7 +126,9 @@ class TopicControl:
     def publish_many(self, items: Iterable[dict[str, Any]]) -> list[Published]:
         """Publish several messages at once, in order. Each item is a dict with ``payload`` and
         optionally ``partition``, ``transaction_id``, ``trace_id``, ``delay``. All or nothing:
-        an invalid item or TopicFull publishes none."""
+        an invalid item or TopicFull publishes none. A topic with ``encrypt`` stores the payloads
+        encrypted (checked and sized in clear first); without ``ENCRYPTION_KEYS`` it raises
+        EncryptionKeysMissing and publishes none."""
         messages = []
         for i, item in enumerate(items):
             if not isinstance(item, dict) or "payload" not in item or set(item) - _ITEM_KEYS:
@@ -138,8 +142,9 @@ class TopicControl:
 
     def configure(self, **settings: Any) -> None:
         """Change runtime settings: ``max_size``, ``lease``, ``delay``, ``max_wait``,
-        ``window_buffer``, ``retention``, ``max_age`` (seconds or timedeltas; None: back to the
-        declared value)."""
+        ``window_buffer``, ``retention``, ``max_age`` (seconds or timedeltas), ``encrypt``
+        (True or False: publish the payloads encrypted from now on; docs/howto/encryption.md).
+        None: back to the declared value. Raises InvalidTopicSetting."""
         control.configure_topic(self.name, topic_columns(**settings), using=self.using)
 
     @property

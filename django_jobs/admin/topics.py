@@ -17,7 +17,9 @@ Viewing needs ``django_jobs.view_topic`` (or change); the topic's settings need
 ``control_topic``; replaying dead letters ``replay_deadletter``, deleting them
 ``delete_deadletter``. Figures come from :mod:`django_jobs.console_topics` (shared with
 ``manage.py jobs``); every change goes through :func:`django_jobs.topic` and its
-:class:`~django_jobs.topics.GroupControl`, never through a model's ``save()``.
+:class:`~django_jobs.topics.GroupControl`, never through a model's ``save()``. An encrypted
+payload or error is never shown (``console.shown_payload``, ``console.shown_error``): the pages
+say ``encrypted (not shown)``, and an encrypted topic's pages say that it is.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import django_jobs
 from .. import console_topics as console
 from ..exceptions import JobsError
 from ..models import Topic
-from ..spec.topics import topic_columns, validate_topic_name
+from ..spec.topics import TOPIC_COLUMNS, topic_columns, validate_topic_name
 from .utils import database, moment
 
 #: A group's controls and the permission (``django_jobs.<codename>``) each needs.
@@ -59,8 +61,8 @@ GROUP_ACTIONS = {
 }
 #: Dead letters the group page lists (newest first).
 DEAD_LETTERS_SHOWN = 100
-#: The settings form's fields: ``configure()``'s names, each in seconds but max_size.
-SETTINGS = ("max_size", "lease", "delay", "max_wait", "window_buffer", "retention", "max_age")
+#: The settings form's fields: ``configure()``'s names, each in seconds but max_size and encrypt.
+SETTINGS = ("max_size", "lease", "delay", "max_wait", "window_buffer", "retention", "max_age", "encrypt")
 _HELP = {
     "max_size": "Most messages any group may lag behind; a publish beyond it raises TopicFull.",
     "lease": "Seconds a worker holds a partition's batch before another may take it over (>= 1).",
@@ -69,7 +71,15 @@ _HELP = {
     "window_buffer": "A partition is handed out only once its newest message is this old.",
     "retention": "Delete a message this long after publication once every group consumed it.",
     "max_age": "Delete a message this long after publication in any case.",
+    "encrypt": "Store the payloads of messages published from now on encrypted with ENCRYPTION_KEYS.",
 }
+
+
+def _encrypt_select() -> forms.NullBooleanSelect:
+    """Yes, no, or the declared value (None)."""
+    widget = forms.NullBooleanSelect()
+    widget.choices = [("unknown", "As declared"), ("true", "Yes"), ("false", "No")]
+    return widget
 
 
 class TopicSettingsForm(forms.Form):
@@ -85,12 +95,13 @@ class TopicSettingsForm(forms.Form):
     )
     retention = forms.FloatField(required=False, min_value=0, label="Retention (s)", help_text=_HELP["retention"])
     max_age = forms.FloatField(required=False, min_value=0, label="Max age (s)", help_text=_HELP["max_age"])
+    encrypt = forms.NullBooleanField(required=False, widget=_encrypt_select(), help_text=_HELP["encrypt"])
 
     @classmethod
     def of(cls, topic: str) -> TopicSettingsForm:
         """The form filled with the topic's own row (not the declared values it falls back to)."""
         row = Topic.objects.using(database()).filter(name=topic).first()
-        initial = {} if row is None else {k: getattr(row, k if k == "max_size" else f"{k}_seconds") for k in SETTINGS}
+        initial = {} if row is None else {k: getattr(row, TOPIC_COLUMNS[k]) for k in SETTINGS}
         return cls(initial=initial)
 
 
@@ -131,13 +142,15 @@ class TopicForm(forms.ModelForm):
         model = Topic
         fields = (
             "name", "max_size", "lease_seconds", "delay_seconds", "max_wait_seconds", "window_buffer_seconds",
-            "retention_seconds", "max_age_seconds",
+            "retention_seconds", "max_age_seconds", "encrypt",
         )  # fmt: skip
+        widgets = {"encrypt": _encrypt_select()}
+        help_texts = {"encrypt": _HELP["encrypt"]}
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         try:
-            topic_columns(**{k: data.get(k if k == "max_size" else f"{k}_seconds") for k in SETTINGS})
+            topic_columns(**{k: data.get(TOPIC_COLUMNS[k]) for k in SETTINGS})
         except JobsError as exc:
             raise forms.ValidationError(str(exc)) from None
         return data
@@ -169,7 +182,7 @@ class TopicAdmin(admin.ModelAdmin):
         """Through the topic API, as ``django_jobs.topic(name).configure()``."""
         changes = {}
         for key in SETTINGS:
-            column = key if key == "max_size" else f"{key}_seconds"
+            column = TOPIC_COLUMNS[key]
             if column in form.changed_data:
                 changes[key] = form.cleaned_data[column]
         if changes:
@@ -243,6 +256,7 @@ class TopicAdmin(admin.ModelAdmin):
                 ("Window buffer", _seconds(config.window_buffer_seconds)),
                 ("Retention", _seconds(config.retention_seconds)),
                 ("Max age", _seconds(config.max_age_seconds)),
+                ("Encrypt", "yes: payloads are stored encrypted" if config.encrypt else "no"),
             ],
             "settings_form": (form or TopicSettingsForm.of(topic)) if can_change else None,
             "settings_url": _url("django_jobs_topic_action", topic, "settings"),
@@ -295,11 +309,13 @@ class TopicAdmin(admin.ModelAdmin):
                 }
                 for p in detail.partitions
             ],
+            "encrypted": detail.encrypted,
             "letters": [
                 {
                     "l": letter,
                     "payload": console.shown_payload(letter.payload),
-                    "error": _cut(letter.error, 160),
+                    "error": _cut(console.shown_error(letter.error), 160),
+                    "error_title": console.shown_error(letter.error),
                     "created": moment(letter.created_at),
                     "published": moment(letter.published_at),
                 }

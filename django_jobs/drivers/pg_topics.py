@@ -14,19 +14,19 @@ from .topics import CURSOR_TABLE, GROUP_TABLE, PARTITION_TABLE
 MESSAGE_TABLE = Message._meta.db_table
 TOPIC_TABLE = Topic._meta.db_table
 
-#: One message into a partition of a topic that has no max_size: the partition's counter taken
-#: (its row created on the first publish, with a cursor for each group of the topic), the
-#: message inserted at that position with its delay, and the topic's consumers woken, in one
-#: statement. The guard reads the topic's row: when it has a max_size (set at runtime), nothing
-#: is written and no row comes back, and the caller takes the general path, which admits the
-#: message under the topic's lock. Parameters, in order: topic, partition, topic (the guard),
-#: the message's delay, the declared delay, payload JSON, trace id, channel, NOTIFY payload.
+#: One message into a partition of a topic that has no max_size and does not encrypt: the
+#: partition's counter taken (its row created on the first publish, with a cursor for each
+#: group of the topic), the message inserted at that position with its delay (the message's,
+#: else the topic row's, else the declared one), and the topic's consumers woken, in one
+#: statement. The guard reads the topic's row: when it has a max_size or encrypt (set at
+#: runtime), nothing is written and no row comes back, and the caller takes the general path,
+#: which admits the message under the topic's lock or encrypts it. Named parameters.
 PUBLISH_ONE_SQL = f"""
-WITH cfg AS (SELECT max_size, delay_seconds FROM {TOPIC_TABLE} WHERE name = %(topic)s),
+WITH cfg AS (SELECT max_size, delay_seconds, encrypt FROM {TOPIC_TABLE} WHERE name = %(topic)s),
 bump AS (
     INSERT INTO {PARTITION_TABLE} AS p (topic, name, last_position, newest_at)
     SELECT %(topic)s, %(partition)s, 1, now()
-    WHERE NOT EXISTS (SELECT 1 FROM cfg WHERE max_size IS NOT NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM cfg WHERE max_size IS NOT NULL OR encrypt)
     ON CONFLICT (topic, name) DO UPDATE SET last_position = p.last_position + 1, newest_at = excluded.newest_at
     RETURNING p.id, p.last_position, p.newest_at
 ),

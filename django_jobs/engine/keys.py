@@ -1,6 +1,8 @@
 """Key rotation: what is stored encrypted, re-encrypted with the first of ``ENCRYPTION_KEYS`` in
 batches (``manage.py jobs rotate-keys``), beside running workers: encrypted jobs, the values of
-encrypted flow children copied to their dependency rows, and stashed dedup enqueues."""
+encrypted flow children copied to their dependency rows, stashed dedup enqueues, and in bus mode
+encrypted messages, dead letters (payload, error, traceback) and the last errors on group
+cursors."""
 
 from __future__ import annotations
 
@@ -14,16 +16,26 @@ from django.db.models import Q
 from ..db import is_transient
 from ..drivers import Driver, driver
 from ..exceptions import DecryptionFailed
-from ..models import Job, JobDependency
+from ..models import DeadLetter, GroupCursor, Job, JobDependency, Message
 from ..models.dedup import JobDedupNext
-from ..spec.encryption import errors_current, is_current, is_encrypted, rotate_errors, rotate_json
+from ..spec.encryption import (
+    ENVELOPE,
+    errors_current,
+    is_current,
+    is_encrypted,
+    is_encrypted_text,
+    rotate_errors,
+    rotate_json,
+    rotate_text,
+    text_current,
+)
 from .common import JOB_TABLE, logger
 
 #: Times one batch is tried again after a transient error (a deadlock with a worker's outcome write).
 _TRIES = 5
 #: What rotate_keys walks, in this order: each kind's table, the rows to look at, the columns
 #: read and written under the lock.
-KINDS = ("jobs", "flow values", "dedup stashes")
+KINDS = ("jobs", "flow values", "dedup stashes", "messages", "dead letters", "cursor errors")
 
 
 class RotatedBatch(NamedTuple):
@@ -46,7 +58,11 @@ def rotate_encrypted(kind: str, *, using: str, limit: int, after: Any = None) ->
     * ``"jobs"``: encrypted jobs (``options["encrypt"]``): arguments, return value and the
       tracebacks of their errors;
     * ``"flow values"``: dependency rows holding an encrypted child's return value or error;
-    * ``"dedup stashes"``: stashed ``keep_last_if_active`` enqueues of encrypted jobs.
+    * ``"dedup stashes"``: stashed ``keep_last_if_active`` enqueues of encrypted jobs;
+    * ``"messages"``: bus-mode messages whose payload is an envelope;
+    * ``"dead letters"``: dead letters whose payload, error or traceback is encrypted;
+    * ``"cursor errors"``: group cursors whose last error is encrypted (a pending retry's, a
+      blocked partition's).
 
     One transaction per batch: its rows are locked (``FOR UPDATE``; the write lock on SQLite) and
     read again under the lock, so an outcome or a new stash written meanwhile is re-encrypted,
@@ -81,7 +97,8 @@ def _rotate(
         for row in d.lock_rows(cursor, table, ids, ", ".join(("id", *names))):
             row_id = d.to_uuid(row[0]) if table == JOB_TABLE else row[0]
             try:
-                new = rotate(*(d.to_json(v) for v in row[1:]))
+                stored = zip(names, row[1:], strict=True)
+                new = rotate(*(v if name in _TEXT_COLUMNS else d.to_json(v) for name, v in stored))
             except DecryptionFailed:
                 bad.append(row_id)
                 logger.warning("%s %s: no key of ENCRYPTION_KEYS decrypts it; left as it is.", table, row_id)
@@ -95,8 +112,9 @@ def _rotate(
 def _write(cursor: Any, d: Driver, table: str, row_id: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> int:
     json_sql = d.cast("%s", "jsonb")
     key_sql, key = (d.cast("%s", "uuid"), d.uuid(row_id)) if table == JOB_TABLE else ("%s", row_id)
-    sets = ", ".join(f"{name} = {json_sql}" for name in names)
-    cursor.execute(f"UPDATE {table} SET {sets} WHERE id = {key_sql}", [*(json.dumps(v) for v in values), key])
+    sets = ", ".join(f"{name} = {'%s' if name in _TEXT_COLUMNS else json_sql}" for name in names)
+    params = [v if name in _TEXT_COLUMNS else json.dumps(v) for name, v in zip(names, values, strict=True)]
+    cursor.execute(f"UPDATE {table} SET {sets} WHERE id = {key_sql}", [*params, key])
     return cursor.rowcount
 
 
@@ -130,11 +148,44 @@ def _stash(payload: Any) -> tuple[Any] | None:
     return ({**payload, "args": _again(payload.get("args")), "kwargs": _again(payload.get("kwargs"))},)
 
 
-_ENVELOPE_VALUE = Q(value__has_key="$encrypted") | Q(value__traceback__has_key="$encrypted")
+def _message(payload: Any) -> tuple[Any] | None:
+    """A message's payload, when it is an envelope (a plain message is never encrypted here)."""
+    return None if _current(payload) else (rotate_json(payload),)
+
+
+def _dead_letter(payload: Any, error: str, traceback: str) -> tuple[Any, ...] | None:
+    """A dead letter's payload (an envelope, or plain) and its error and traceback (encrypted
+    texts, or plain)."""
+    if _current(payload) and text_current(error) and text_current(traceback):
+        return None
+    return _again(payload), _again_text(error), _again_text(traceback)
+
+
+def _cursor_error(last_error: str) -> tuple[str] | None:
+    return None if text_current(last_error) else (rotate_text(last_error),)
+
+
+def _again_text(value: str) -> str:
+    return rotate_text(value) if is_encrypted_text(value) else value
+
+
+#: Text columns (the others are JSON): read and written as they are.
+_TEXT_COLUMNS = frozenset({"error", "traceback", "last_error"})
+#: An encrypted text holds this (``spec.encryption.encrypt_text``); a LIKE finds the candidates.
+_SEALED = f'{{"{ENVELOPE}":"'
+_ENVELOPE_VALUE = Q(value__has_key=ENVELOPE) | Q(value__traceback__has_key=ENVELOPE)
 _KIND: dict[str, tuple[Any, Q, tuple[str, ...], Callable[..., tuple[Any, ...] | None]]] = {
     "jobs": (Job, Q(options__encrypt=True), ("args", "kwargs", "return_value", "errors"), _job),
     "flow values": (JobDependency, _ENVELOPE_VALUE, ("value",), _flow_value),
     "dedup stashes": (JobDedupNext, Q(payload__options__encrypt=True), ("payload",), _stash),
+    "messages": (Message, Q(payload__has_key=ENVELOPE), ("payload",), _message),
+    "dead letters": (
+        DeadLetter,
+        Q(payload__has_key=ENVELOPE) | Q(error__contains=_SEALED) | Q(traceback__contains=_SEALED),
+        ("payload", "error", "traceback"),
+        _dead_letter,
+    ),
+    "cursor errors": (GroupCursor, Q(last_error__contains=_SEALED), ("last_error",), _cursor_error),
 }
 
 

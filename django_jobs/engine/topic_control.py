@@ -20,7 +20,17 @@ from django.db.models import Min, Q
 from ..drivers import driver
 from ..exceptions import InvalidSeek, PartitionNotBlocked
 from ..models import ConsumerGroup, DeadLetter, DeadLetterState, GroupCursor, Message, Topic, TopicPartition
-from .topics import DeliveredMessage, clock, dead_letter, ensure_group, start_position, topic_config, topic_event
+from ..spec.encryption import is_encrypted
+from .topics import (
+    DeliveredMessage,
+    clock,
+    dead_letter,
+    ensure_group,
+    start_position,
+    stored_failure,
+    topic_config,
+    topic_event,
+)
 
 #: What moving a cursor resets besides its position.
 _RESET = {"lease_token": None, "lease_expires_at": None, "attempts": 0, "retry_at": None, "blocked": False}
@@ -241,14 +251,21 @@ def claim_replay(
     return None
 
 
-def settle_replay(replay: Replay, *, error: str | None, traceback: str = "", using: str) -> bool:
+def settle_replay(
+    replay: Replay, *, error: str | None, traceback: str = "", confidential: bool = True, using: str
+) -> bool:
     """A replay's outcome: success deletes the dead letter, failure makes it dead again with the
-    new error. False when the replay's lease was lost."""
+    new error, stored encrypted when the message is or its topic encrypts (as ``fail_batch``
+    stores a failure, ``confidential`` included). False when the replay's lease was lost."""
     held = DeadLetter.objects.using(using).filter(
         id=replay.id, state=DeadLetterState.REPLAYING, lease_token=replay.token
     )
     if error is None:
         return bool(held.delete()[0])
+    if confidential:
+        m = replay.message
+        encrypt = is_encrypted(m.payload) or topic_config(m.topic, using=using).encrypt
+        error, traceback = stored_failure(error, traceback, encrypt=encrypt)
     return bool(
         held.update(
             state=DeadLetterState.DEAD,

@@ -3,13 +3,15 @@
 Positions come from the partition's counter (``Driver.bump_partition``), whose row lock orders
 a partition's publishers so that a group's cursor never passes a message committing later (see
 docs/explanation/bus-mode.md). A repeated transaction id is refused by the unique constraint
-``(topic, transaction_id)``, and the publish returns the first message.
+``(topic, transaction_id)``, and the publish returns the first message. A topic whose config
+says ``encrypt`` stores each payload as an envelope (``spec.encryption``), encrypted before the
+transaction starts: without a key nothing is published.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,8 +19,9 @@ from django.db import IntegrityError, transaction
 
 from ..conf import get_settings
 from ..drivers import Driver, driver
-from ..exceptions import TopicFull
+from ..exceptions import EncryptionKeysMissing, TopicFull
 from ..models import ConsumerGroup, GroupCursor, Message, Topic
+from ..spec.encryption import encrypt_json, require_keys
 from ..spec.topics import NewMessage
 from ..spec.tracing import trace_id_for_new_job
 from .effects import notify
@@ -46,12 +49,12 @@ def publish_one(topic: str, message: NewMessage, *, using: str) -> Published:
     """Publish one message (validated by ``spec.topics.new_message``) in the caller's
     transaction: :func:`publish_messages` of one message, in one round trip where the driver
     has ``PUBLISH_ONE`` and nothing calls for more (no transaction_id to look up, no max_size
-    declared; a max_size set on the topic's row at runtime is seen by the statement, which
-    then writes nothing, and the general path admits the message)."""
+    or encrypt declared; a max_size or encrypt set on the topic's row at runtime is seen by the
+    statement, which then writes nothing, and the general path admits or encrypts the message)."""
     d = driver(using)
     if d.PUBLISH_ONE and message.transaction_id is None:
         declared = declared_topic(topic)
-        if declared.get("max_size") is None:
+        if declared.get("max_size") is None and not declared.get("encrypt"):
             trace_id = trace_id_for_new_job(message.trace_id)
             with d.cursor(hot=True) as cursor:
                 stored = d.publish_one(
@@ -78,10 +81,14 @@ def publish_messages(
     consecutive positions. A message whose transaction_id the topic already has is not stored
     again: its result is the first message's, with ``duplicate=True``. Raises TopicFull (nothing
     published) when the topic's max size would be passed. Wakes the topic's consumers on commit
-    (PostgreSQL)."""
+    (PostgreSQL). A topic with ``encrypt`` stores the payloads encrypted (validated and sized in
+    clear before); it raises EncryptionKeysMissing (CryptographyMissing...) and publishes
+    nothing when they cannot be encrypted."""
     if not messages:
         return []
     config = topic_config(topic, using=using)
+    if config.encrypt:
+        messages = _encrypted(topic, messages)
     d = driver(using)
     with transaction.atomic(using=using), d.cursor() as cursor:
         for _ in range(3):
@@ -120,6 +127,18 @@ def publish_messages(
             by_txn[m.transaction_id] = p
         out.append(p)
     return out
+
+
+def _encrypted(topic: str, messages: list[NewMessage]) -> list[NewMessage]:
+    """``messages`` with their payloads as envelopes, encrypted with the first key."""
+    try:
+        require_keys()
+    except EncryptionKeysMissing:
+        raise EncryptionKeysMissing(
+            f'Topic {topic!r} is to store its messages encrypted (encrypt=True), but DJANGO_JOBS["ENCRYPTION_KEYS"] '
+            "is empty; nothing was published. Add a key (see docs/howto/encryption.md)."
+        ) from None
+    return [replace(m, payload=encrypt_json(m.payload)) for m in messages]
 
 
 def _replace_dup(p: Published) -> Published:

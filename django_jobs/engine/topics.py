@@ -24,8 +24,10 @@ from django.db.models import Q
 
 from ..conf import get_settings
 from ..drivers import Driver, driver
+from ..exceptions import JobsConfigurationError
 from ..models import ConsumerGroup, DeadLetter, GroupCursor, Message, Topic, TopicPartition
 from ..spec.backoff import compute_backoff
+from ..spec.encryption import encrypt_text, error_label, is_encrypted, is_encrypted_text, shown_text
 from ..spec.topics import DEFAULT_LEASE_SECONDS, validate_topic_declarations
 from .common import logger
 from .effects import write_events
@@ -46,6 +48,8 @@ class TopicConfig:
     window_buffer_seconds: float | None = None
     retention_seconds: float | None = None
     max_age_seconds: float | None = None
+    #: Payloads are published encrypted, and failures' errors stored encrypted.
+    encrypt: bool = False
 
 
 _CONFIG_FIELDS = (
@@ -56,6 +60,7 @@ _CONFIG_FIELDS = (
     "window_buffer_seconds",
     "retention_seconds",
     "max_age_seconds",
+    "encrypt",
 )
 
 
@@ -79,6 +84,7 @@ def topic_config(name: str, *, using: str) -> TopicConfig:
     values = {f: row.get(f) if row.get(f) is not None else declared.get(f) for f in _CONFIG_FIELDS}
     if values["lease_seconds"] is None:
         values["lease_seconds"] = DEFAULT_LEASE_SECONDS
+    values["encrypt"] = bool(values["encrypt"])
     return TopicConfig(name=name, **values)
 
 
@@ -128,8 +134,42 @@ def topic_event(
 
 
 def _first_line(error: str) -> str:
-    lines = [line for line in error.strip().splitlines() if line.strip()]
+    """What an event says of a stored error: its last line, or for an encrypted one the
+    exception's name and ``encrypted (not shown)``."""
+    lines = [line for line in shown_text(error).strip().splitlines() if line.strip()]
     return (lines[-1] if lines else "")[:200]
+
+
+#: What is stored of a failure's message when the topic encrypts and no key is usable here.
+NOT_STORED = (
+    'its message was not stored: the topic is encrypted and DJANGO_JOBS["ENCRYPTION_KEYS"] has no usable key in '
+    "this worker"
+)
+
+
+def stored_failure(error: str, traceback: str, *, encrypt: bool) -> tuple[str, str]:
+    """A failure's error line and traceback as stored. In clear unless ``encrypt``: then both
+    encrypted (``spec.encryption.encrypt_text``; the exception's name at the start of the error
+    stays readable), as a handler's message may quote the payload. Without a usable key in this
+    process neither is stored (:data:`NOT_STORED` after the exception's name): never in clear."""
+    if not encrypt or is_encrypted_text(error):
+        return error, traceback
+    label = error_label(error)
+    try:
+        # Cut in clear: a cursor keeps 10,000 characters of its last error, and an encrypted one
+        # cut there would decrypt no more (7,000 bytes of UTF-8 encrypt to about 9,500 characters).
+        # ("replace": a lone surrogate in an exception's message cannot be encrypted as UTF-8.)
+        cut = error.encode("utf-8", "replace")[:7_000].decode("utf-8", "ignore")
+        whole = traceback.encode("utf-8", "replace").decode("utf-8")
+        return encrypt_text(cut, label), encrypt_text(whole) if traceback else ""
+    except JobsConfigurationError:  # no key, no cryptography, bad keys
+        return (f"{label}: " if label else "") + NOT_STORED, ""
+
+
+def batch_encrypted(batch: Batch, *, using: str) -> bool:
+    """What a failure of ``batch`` is stored as: encrypted when its topic encrypts now, or when one of
+    its messages is (a message says itself whether it is; the topic's setting may have changed)."""
+    return any(is_encrypted(m.payload) for m in batch.messages) or topic_config(batch.topic, using=using).encrypt
 
 
 # -- groups ----------------------------------------------------------------------------------------------
@@ -392,6 +432,7 @@ def fail_batch(
     max_attempts: int,
     backoff: Any = "exponential",
     on_failure: str = "dead_letter",
+    confidential: bool = True,
     using: str,
     now: datetime | None = None,
 ) -> str:
@@ -399,8 +440,15 @@ def fail_batch(
     and the same batch is delivered again (``"retry"``). None left: with ``on_failure="block"``
     the partition stops until an operator retries or skips it (``"blocked"``); otherwise its
     messages go to the group's dead letters and the cursor moves past them (``"dead"``).
-    ``"lost"``: the lease was no longer the batch's; nothing changed."""
+    ``"lost"``: the lease was no longer the batch's; nothing changed.
+
+    ``error`` (one line, ``"ValueError: message"``) and ``traceback`` are stored encrypted when
+    the batch is (:func:`batch_encrypted`, :func:`stored_failure`), and the events name the
+    exception only; ``confidential=False`` for the worker's own words, which quote no payload
+    (a stalled batch, a payload no key decrypts): stored in clear, so they say what to fix."""
     settings = get_settings()
+    if confidential:
+        error, traceback = stored_failure(error, traceback, encrypt=batch_encrypted(batch, using=using))
     d = driver(using)
     with transaction.atomic(using=using), d.cursor() as cursor:
         now = clock(d, cursor, now)
@@ -470,8 +518,10 @@ __all__ = [
     "Batch",
     "DeliveredMessage",
     "TopicConfig",
+    "NOT_STORED",
     "ack_batch",
     "acquire_batch",
+    "batch_encrypted",
     "clock",
     "dead_letter",
     "ensure_cursors",
@@ -480,6 +530,7 @@ __all__ = [
     "release_batch",
     "renew_batch_lease",
     "start_position",
+    "stored_failure",
     "topic_config",
     "topic_event",
 ]

@@ -1,6 +1,7 @@
 """The bus-mode subcommands of ``manage.py jobs``: ``topics``, ``lag`` and ``dead-letters``.
 Formatting only: the figures come from :mod:`django_jobs.console_topics`, the changes (replay,
-delete) go through :func:`django_jobs.topic`'s group control."""
+delete) go through :func:`django_jobs.topic`'s group control. Encrypted payloads and errors are
+shown as ``encrypted (not shown)`` (after the exception's name for an error), in ``--json`` too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from django.utils import timezone
 
 import django_jobs
 
-from ..console_topics import dead_letters, group_detail, is_encrypted, shown_payload, topic_detail, topic_overview
+from ..console_topics import (
+    dead_letters,
+    group_detail,
+    is_encrypted,
+    shown_error,
+    shown_payload,
+    topic_detail,
+    topic_overview,
+)
 from ..exceptions import JobsError
 from ..spec.topics import validate_topic_name
 from .text import moment, table
@@ -61,6 +70,7 @@ class TopicCommands:
                     "published": t.published,
                     "newest_at": t.newest_at.isoformat() if t.newest_at else None,
                     "lag": t.lag,
+                    "encrypted": t.encrypted,
                     "groups": [
                         {
                             "group": g.name,
@@ -79,7 +89,7 @@ class TopicCommands:
         if not rows:
             self.stdout.write("No topics: nothing was published, no group subscribed, none is declared.")
             return
-        head = ["topic", "partitions", "published", "newest", "groups (lag)", "total lag"]
+        head = ["topic", "partitions", "published", "newest", "groups (lag)", "total lag", "encrypted"]
         body = [
             [
                 t.name,
@@ -88,6 +98,7 @@ class TopicCommands:
                 moment(t.newest_at),
                 ", ".join(_group_cell(g) for g in t.groups) or "-",
                 str(t.lag),
+                "yes" if t.encrypted else "no",
             ]
             for t in rows
         ]
@@ -115,6 +126,7 @@ class TopicCommands:
         if as_json:
             out = {
                 "topic": topic,
+                "encrypted": detail.config.encrypt,
                 "groups": [
                     {
                         "group": g.row.name,
@@ -144,6 +156,8 @@ class TopicCommands:
             self.stdout.write(f"Topic {topic!r} has no consumer group yet.")
             return
         lines = []
+        if detail.config.encrypt:
+            lines.append(f"Topic {topic!r} is encrypted: encrypted payloads and errors are not shown.")
         for g, parts in groups:
             flags = "  PAUSED" if g.row.paused else ""
             lines.append(f"group {g.row.name}: lag {sum(p.lag for p in parts)}{flags}")
@@ -188,7 +202,7 @@ class TopicCommands:
                     "position": d.position,
                     "state": d.state,
                     "attempts": d.attempts,
-                    "error": d.error,
+                    "error": shown_error(d.error),
                     "created_at": d.created_at.isoformat(),
                     "published_at": d.published_at.isoformat(),
                     "encrypted": is_encrypted(d.payload),
@@ -210,7 +224,7 @@ class TopicCommands:
                 str(d.attempts),
                 moment(d.created_at),
                 d.state,
-                _line(d.error),
+                _line(shown_error(d.error)),
                 shown_payload(d.payload, PAYLOAD_COLUMN),
             ]
             for d in letters

@@ -2,7 +2,7 @@
 progress.
 
 * :class:`Topic`: a topic's runtime settings (max size, lease, delay, max wait, window buffer,
-  retention); a topic without a row uses ``DJANGO_JOBS["TOPICS"]`` and the defaults.
+  retention, encryption); a topic without a row uses ``DJANGO_JOBS["TOPICS"]`` and the defaults.
 * :class:`TopicPartition`: one row per (topic, partition key): the counter that hands out
   positions (its row lock orders a partition's publishers) and the newest message's time.
 * :class:`Message`: one row per published message, never one per group. ``position`` counts
@@ -39,6 +39,8 @@ class Topic(models.Model):
     retention_seconds = models.FloatField(null=True, blank=True)
     #: ...and this long after publication in any case.
     max_age_seconds = models.FloatField(null=True, blank=True)
+    #: Publish its messages' payloads encrypted with ENCRYPTION_KEYS (docs/howto/encryption.md).
+    encrypt = models.BooleanField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -71,7 +73,8 @@ class TopicPartition(models.Model):
 
 
 class Message(models.Model):
-    """One published message."""
+    """One published message. An encrypted one's payload is the envelope ``{"$encrypted": token}``
+    (``django_jobs.spec.encryption``), whatever its topic's setting is now."""
 
     id = models.BigAutoField(primary_key=True)
     partition = models.ForeignKey(TopicPartition, on_delete=models.CASCADE, related_name="+")
@@ -155,7 +158,9 @@ class DeadLetterState(models.TextChoices):
 
 class DeadLetter(models.Model):
     """A message a group gave up on: a copy of it (retention may delete the original), the
-    error, and whether an operator asked to replay it."""
+    error, and whether an operator asked to replay it. The payload is copied as stored (an
+    envelope when encrypted); the error and traceback of an encrypted topic's dead letter are
+    stored encrypted (``spec.encryption.encrypt_text``)."""
 
     id = models.BigAutoField(primary_key=True)
     topic = models.CharField(max_length=100)

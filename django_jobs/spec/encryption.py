@@ -1,7 +1,7 @@
 """The codec of what django-jobs stores encrypted: a JSON value in, an envelope out, and back.
 
-The pair any stored payload goes through (a job's arguments, return value and error tracebacks
-today; a topic's message payloads later):
+The pair any stored payload goes through (a job's arguments, return value and error tracebacks;
+a topic's message payloads):
 
 * :func:`encrypt_json` ``(value) -> {"$encrypted": token}``: the value's JSON (UTF-8) encrypted
   with the first of ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, as a Fernet token (AES-128-CBC and
@@ -11,8 +11,15 @@ today; a topic's message payloads later):
 
 :func:`rotate_json` re-encrypts an envelope with the first key (``MultiFernet.rotate``), for
 ``manage.py jobs rotate-keys``. An envelope is recognised only where the owner of the value says
-it is encrypted (a job's ``options["encrypt"]``), never by its shape alone, with one exception
-documented in docs/howto/encryption.md: a flow child's value copied to its dependency row.
+it is encrypted (a job's ``options["encrypt"]``), never by its shape alone, with two exceptions
+documented in docs/howto/encryption.md: a flow child's value copied to its dependency row, and a
+topic's message, whose payload is decrypted whenever it has the envelope's shape (publishing a
+plain payload of that shape is refused).
+
+Text columns (a dead letter's error and traceback, a blocked partition's last error) hold an
+envelope as its JSON text, after the exception's name when there is one
+(``ValueError: {"$encrypted":"gAAAA..."}``): :func:`encrypt_text`, :func:`decrypt_text`,
+:func:`shown_text` (``ValueError: encrypted (not shown)``).
 
 The cryptography package is an optional extra (``django-db-jobs[encryption]``), imported on the
 first use of a key: the package imports without it, and encrypting without it raises
@@ -27,6 +34,7 @@ import binascii
 import functools
 import hashlib
 import json
+import re
 from typing import Any
 
 from ..conf import get_settings
@@ -38,6 +46,10 @@ ENVELOPE = "$encrypted"
 SHOWN = "encrypted (not shown)"
 
 _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+#: An exception's name, as an error line starts with it ("ValueError: ...", "myapp.errors.Refused: ...").
+_LABEL = r"[A-Za-z_][A-Za-z0-9_.]{0,199}"
+#: A text column's encrypted value: an optional readable label, then the envelope's JSON.
+_SEALED_TEXT = re.compile(rf'(?:({_LABEL}): )?(\{{"\$encrypted":"[A-Za-z0-9_=-]+"\}})')
 
 
 def encrypt_json(value: Any) -> dict[str, str]:
@@ -98,6 +110,61 @@ def errors_current(errors: Any) -> bool:
 def is_encrypted(value: Any) -> bool:
     """``value`` has the shape of an envelope (a dict of one string under ``"$encrypted"``)."""
     return type(value) is dict and len(value) == 1 and isinstance(value.get(ENVELOPE), str)
+
+
+def encrypt_text(text: str, label: str = "") -> str:
+    """What a text column stores for ``text`` encrypted: the JSON of :func:`encrypt_json`'s
+    envelope, after ``label`` and ": " when given (the exception's name an error starts with, see
+    :func:`error_label`, so monitoring can still say ``ValueError``). Raises as encrypt_json."""
+    sealed = _encode(encrypt_json(text))
+    return f"{label}: {sealed}" if label else sealed
+
+
+def is_encrypted_text(value: Any) -> bool:
+    """``value`` is what :func:`encrypt_text` stores (a plain error line never has that shape:
+    it does not end with an envelope's JSON)."""
+    return isinstance(value, str) and _SEALED_TEXT.fullmatch(value) is not None
+
+
+def decrypt_text(value: Any) -> str:
+    """The text :func:`encrypt_text` stored in ``value``. Raises DecryptionFailed when it is not
+    an encrypted text or no configured key decrypts it (EncryptionKeysMissing when there is none)."""
+    return str(decrypt_json(_text_envelope(value)))
+
+
+def shown_text(value: Any) -> Any:
+    """A text column as monitoring shows it: an encrypted one as :data:`SHOWN`, after its label
+    (``ValueError: encrypted (not shown)``); any other value as it is."""
+    if not is_encrypted_text(value):
+        return value
+    label = _SEALED_TEXT.fullmatch(value).group(1)  # type: ignore[union-attr]
+    return f"{label}: {SHOWN}" if label else SHOWN
+
+
+def rotate_text(value: Any) -> str:
+    """:func:`rotate_json` of an encrypted text's envelope, its label kept."""
+    label = _SEALED_TEXT.fullmatch(value).group(1) if is_encrypted_text(value) else None  # type: ignore[union-attr]
+    sealed = _encode(rotate_json(_text_envelope(value)))
+    return f"{label}: {sealed}" if label else sealed
+
+
+def text_current(value: Any) -> bool:
+    """An encrypted text was encrypted with the first key (a plain one needs no key: True)."""
+    return not is_encrypted_text(value) or is_current(_text_envelope(value))
+
+
+def error_label(error: str) -> str:
+    """The exception's name an error line starts with (``"ValueError: boom"`` gives
+    ``"ValueError"``), kept readable beside its encrypted text; "" when it starts with none."""
+    name, sep, _ = error.partition(": ")
+    return name if sep and re.fullmatch(_LABEL, name) else ""
+
+
+def _text_envelope(value: Any) -> Any:
+    found = _SEALED_TEXT.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        raise DecryptionFailed(f"Expected an encrypted text ('{{\"{ENVELOPE}\":...}}'); got a {type(value).__name__}.")
+    return json.loads(found.group(2))
 
 
 def require_keys() -> None:
@@ -254,7 +321,8 @@ def _token(envelope: Any) -> bytes:
 
 
 __all__ = [
-    "ENVELOPE", "SHOWN", "decrypt_arguments", "decrypt_errors", "decrypt_json", "encrypt_arguments", "encrypt_error",
-    "encrypt_json", "errors_current", "hash_key", "is_current", "is_encrypted", "key_problems", "require_keys", "rotate_errors", "rotate_json",
-    "shown_errors",
+    "ENVELOPE", "SHOWN", "decrypt_arguments", "decrypt_errors", "decrypt_json", "decrypt_text", "encrypt_arguments",
+    "encrypt_error", "encrypt_json", "encrypt_text", "error_label", "errors_current", "hash_key", "is_current",
+    "is_encrypted", "is_encrypted_text", "key_problems", "require_keys", "rotate_errors", "rotate_json", "rotate_text",
+    "shown_errors", "shown_text", "text_current",
 ]  # fmt: skip

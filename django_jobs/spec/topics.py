@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..exceptions import (
+    InvalidArgumentValue,
     InvalidPublishOption,
     InvalidSubscriber,
     InvalidTopicName,
@@ -23,6 +24,7 @@ from ..exceptions import (
     PayloadTooLarge,
 )
 from .backoff import validate_backoff
+from .encryption import ENVELOPE, is_encrypted
 from .payload import normalize_argument
 from .queues import QUEUE_NAME_RE
 from .tracing import validate_trace_id
@@ -35,8 +37,10 @@ PUBLISH_CHUNK = 500
 MAX_BATCH = 1000
 ON_FAILURE = ("dead_letter", "block")
 #: The per-topic settings: ``DJANGO_JOBS["TOPICS"][name]`` keys, ``configure()`` arguments and
-#: Topic columns (``<key>`` or ``<key>_seconds``).
-TOPIC_SETTINGS = ("max_size", "lease", "delay", "max_wait", "window_buffer", "retention", "max_age")
+#: Topic columns (:data:`TOPIC_COLUMNS`).
+TOPIC_SETTINGS = ("max_size", "lease", "delay", "max_wait", "window_buffer", "retention", "max_age", "encrypt")
+#: Each setting's Topic column: ``<key>_seconds`` for a duration.
+TOPIC_COLUMNS = {k: k if k in ("max_size", "encrypt") else f"{k}_seconds" for k in TOPIC_SETTINGS}
 DEFAULT_LEASE_SECONDS = 30.0
 
 
@@ -74,6 +78,10 @@ def topic_columns(**values: Any) -> dict[str, Any]:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidTopicSetting(f"max_size must be an integer >= 1 or None; got {value!r}.")
             columns["max_size"] = value
+        elif key == "encrypt":
+            if value is not None and not isinstance(value, bool):
+                raise InvalidTopicSetting(f"encrypt must be True, False or None; got {value!r}.")
+            columns["encrypt"] = value
         else:
             zero_ok = key != "lease"
             columns[f"{key}_seconds"] = None if value is None else seconds(value, key, zero_ok=zero_ok)
@@ -121,6 +129,13 @@ def new_message(
 ) -> NewMessage:
     """Validate one message; ``cap`` is MAX_PAYLOAD_BYTES."""
     payload = normalize_argument(payload, "the message payload")
+    if is_encrypted(payload):
+        # Subscribers decrypt any payload of this shape (a message says itself it is encrypted).
+        raise InvalidArgumentValue(
+            f"The message payload is a dict whose only key is {ENVELOPE!r}, the shape of an encrypted payload, "
+            "which subscribers would try to decrypt; wrap it in another key. To publish encrypted, configure the topic "
+            "with encrypt=True (docs/howto/encryption.md)."
+        )
     size = json_size(payload)
     if size > cap:
         raise PayloadTooLarge(
@@ -257,6 +272,8 @@ def declared_subscribers() -> list[Subscriber]:
 
 __all__ = [
     "MAX_BATCH",
+    "TOPIC_COLUMNS",
+    "TOPIC_SETTINGS",
     "NewMessage",
     "Subscriber",
     "declared_subscribers",

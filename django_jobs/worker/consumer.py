@@ -9,6 +9,13 @@ it runs one dead letter an operator asked to replay, then sleeps until a NOTIFY 
 being handled; a worker killed mid-batch stops renewing, its lease expires, and the next worker
 to take the partition gets the same batch, in order.
 
+Encrypted messages (a payload that is an envelope, ``spec.encryption``) are decrypted here, just
+before the handler runs, whatever the topic's setting is now; the engine stores and copies them
+(to the dead letters) as they are. A payload no key of this worker decrypts fails its batch
+like a handler's error would (retries, then the dead letters or a blocked partition), with an
+error saying which setting to fix; the loop goes on. A failure of an encrypted batch is logged
+by its exception's name only.
+
 ``atomic=True``: the handler runs inside a transaction on the jobs database, and the
 acknowledgement is the transaction's last statement; when it is refused (the lease was lost)
 the transaction is rolled back, handler's writes included. So the handler's ORM writes, the
@@ -38,7 +45,14 @@ from ..drivers import driver
 from ..engine import topic_control as control
 from ..engine import topics as bus
 from ..engine.topic_publish import TOPIC_NOTIFY_PREFIX
-from ..exceptions import InvalidWorkerOption, LeaseLost
+from ..exceptions import (
+    DecryptionFailed,
+    EncryptionKeysMissing,
+    InvalidWorkerOption,
+    JobsConfigurationError,
+    LeaseLost,
+)
+from ..spec.encryption import decrypt_json, is_encrypted
 from ..spec.topics import Subscriber, declared_subscribers
 from ..spec.tracing import running
 from ..topics import MessageContext
@@ -69,6 +83,49 @@ def select_subscribers(topics: list[str] | None) -> list[Subscriber]:
             "'subscribers' module of an installed app (or a module it imports)."
         )
     return [s for s in subs if s.topic in topics]
+
+
+class Undecryptable(Exception):  # noqa: N818 - an outcome, like LeaseLost
+    """A message's payload is encrypted and this worker cannot decrypt it; the message says why
+    and what to fix (it quotes no payload)."""
+
+
+def opened(messages: Iterable[bus.DeliveredMessage]) -> tuple[bus.DeliveredMessage, ...]:
+    """The messages as a handler gets them: each encrypted payload decrypted (a message says
+    itself whether it is encrypted). Raises Undecryptable."""
+    out = []
+    for m in messages:
+        if is_encrypted(m.payload):
+            try:
+                m = replace(m, payload=decrypt_json(m.payload))
+            except (DecryptionFailed, JobsConfigurationError) as exc:
+                raise Undecryptable(_undecryptable(m, exc)) from None
+        out.append(m)
+    return tuple(out)
+
+
+def _undecryptable(m: bus.DeliveredMessage, exc: Exception) -> str:
+    if isinstance(exc, EncryptionKeysMissing):
+        why = 'DJANGO_JOBS["ENCRYPTION_KEYS"] is empty in this worker'
+    elif isinstance(exc, DecryptionFailed):
+        why = (
+            'no key of DJANGO_JOBS["ENCRYPTION_KEYS"] in this worker decrypts it (the key that encrypted it was '
+            "removed or never configured here, or the stored row was altered)"
+        )
+    else:  # CryptographyMissing, InvalidEncryptionKeys: their message says what to install or fix
+        why = f"this worker cannot decrypt it: {exc}"
+    return (
+        f"{type(exc).__name__}: message {m.id} of topic {m.topic!r} is stored encrypted and {why}. Add the key that "
+        'encrypted it to DJANGO_JOBS["ENCRYPTION_KEYS"] of the workers (docs/howto/encryption.md), then replay the '
+        "dead letter (or retry the blocked partition)."
+    )
+
+
+def _logged(exc: BaseException, encrypted: bool) -> str:
+    """A handler's error as the log shows it: for an encrypted batch its exception's name only."""
+    if encrypted:
+        return f"{type(exc).__name__} (its message is not logged: the messages are encrypted)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class _Wake:
@@ -208,12 +265,28 @@ class Consumer:
                 error="The batch's workers died while handling it (its lease expired) on every attempt.",
                 max_attempts=sub.max_attempts,
                 on_failure=sub.on_failure,
+                confidential=False,  # the worker's words: stored in clear
                 using=self.using,
             )
             logger.warning("Subscriber %s: partition %r stalled too often -> %s", sub.name, batch.partition, outcome)
             return
+        encrypted = config.encrypt or any(is_encrypted(m.payload) for m in batch.messages)
+        try:
+            messages = opened(batch.messages)
+        except Undecryptable as exc:
+            outcome = bus.fail_batch(
+                batch,
+                error=str(exc),
+                max_attempts=sub.max_attempts,
+                backoff=sub.backoff,
+                on_failure=sub.on_failure,
+                confidential=False,  # the worker's words, not the payload's: stored in clear
+                using=self.using,
+            )
+            logger.warning("Subscriber %s: %s -> %s", sub.name, exc, outcome)
+            return
         context = MessageContext(sub.topic, sub.group, batch.partition, batch.attempt, self.worker_id)
-        arg: Any = batch.messages[0] if sub.batch == 1 else list(batch.messages)
+        arg: Any = messages[0] if sub.batch == 1 else list(messages)
         with self._held_lock:
             self._held[batch.token] = (batch, config.lease_seconds)
         try:
@@ -245,7 +318,7 @@ class Consumer:
                 batch.start + 1,
                 batch.end,
                 batch.attempt,
-                exc,
+                _logged(exc, encrypted),
                 outcome,
             )
             return
@@ -257,7 +330,12 @@ class Consumer:
         self.handled += len(batch.messages)
 
     def _replay(self, sub: Subscriber, replay: control.Replay) -> None:
-        m = replay.message
+        try:
+            [m] = opened([replay.message])
+        except Undecryptable as exc:
+            control.settle_replay(replay, error=str(exc), confidential=False, using=self.using)
+            logger.warning("Subscriber %s: replaying dead letter %d: %s", sub.name, replay.id, exc)
+            return
         context = MessageContext(sub.topic, sub.group, m.partition, replay.attempts + 1, self.worker_id, replay=True)
         arg: Any = m if sub.batch == 1 else [m]
         try:
@@ -324,4 +402,4 @@ def _renewed(batch: bus.Batch, lease: float) -> bus.Batch:
     return replace(batch, lease_expires_at=timezone.now() + timedelta(seconds=lease))
 
 
-__all__ = ["Consumer", "select_subscribers"]
+__all__ = ["Consumer", "Undecryptable", "opened", "select_subscribers"]

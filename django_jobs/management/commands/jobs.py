@@ -85,9 +85,15 @@ class Command(TopicCommands, BaseCommand):
         )
         rotate = sub.add_parser(
             "rotate-keys",
-            help="Re-encrypt every encrypted job with the first of ENCRYPTION_KEYS, in batches; safe while workers run.",
+            help="Re-encrypt every encrypted job, message and dead letter with the first of ENCRYPTION_KEYS, in batches; "
+            "safe while workers run.",
         )
-        rotate.add_argument("--batch-size", type=int, default=500, help="Jobs per transaction, 1-10000 (default 500).")
+        rotate.add_argument(
+            "--batch-size",
+            type=int,
+            default=500,
+            help="Rows (jobs, messages...) per transaction, 1-10000 (default 500).",
+        )
         rotate.add_argument("--after", metavar="ID", help="Start after this job id (a stopped run printed it).")
         health = sub.add_parser(
             "health", help="Exit 0 when healthy, 1 when a check fails (one line each on stderr), 2 for a bad option."
@@ -342,6 +348,10 @@ class Command(TopicCommands, BaseCommand):
             f"Re-encrypted {done.rotated} of {done.examined} encrypted job(s) with the first key "
             f"({done.examined - done.rotated - bad_jobs} had it already), {done.flow_values} flow value(s) and "
             f"{done.stashes} stashed dedup enqueue(s)."
+        )
+        self._done(
+            f"Topics: re-encrypted {done.messages} message(s), {done.dead_letters} dead letter(s) and "
+            f"{done.cursor_errors} group cursor error(s)."
         )
         if done.undecryptable:
             raise CommandError(
