@@ -131,6 +131,10 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     ``encrypt``: store the job's arguments, return value and error tracebacks encrypted with
     ``DJANGO_JOBS["ENCRYPTION_KEYS"]``, and its dedup or idempotency key hashed
     (docs/howto/encryption.md); ``get_result()`` and the task see the plain values.
+    ``atomic``: the worker runs the task inside a transaction on the jobs database and records
+    the job's completion as that transaction's last statement, so the task's ORM writes, the
+    jobs it enqueues and the messages it publishes commit with its completion, exactly once
+    (docs/howto/atomic-tasks.md). A plain ``def`` task only.
     """
 
     max_attempts: int | None = None
@@ -143,6 +147,7 @@ class JobTask(Task, metaclass=_JobTaskMeta):
     partition: str | None = None
     retention: dict[str, Any] | None = None
     encrypt: bool = False
+    atomic: bool = False
     #: Run this task on a schedule: a cron expression, an interval (seconds or timedelta) or a
     #: dict of schedule options (docs/howto/schedules.md). Not a per-enqueue option.
     schedule: Any = None

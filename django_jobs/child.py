@@ -15,7 +15,9 @@ from typing import Any
 
 
 def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], parent_pid: int) -> None:
-    """The child's loop: receive a ClaimedJob, run it, send its Outcome; None or EOF ends it."""
+    """The child's loop: receive a ClaimedJob, run it, send its Outcome; None or EOF ends it.
+    An ``atomic=True`` job runs in a transaction of this process and writes its own completion
+    (django_jobs.worker.atomic)."""
     # The worker decides when a child ends (it kills it): a Ctrl-C or SIGTERM sent to the whole
     # process group must not cut a job short while the worker lets running jobs finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -29,6 +31,7 @@ def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], paren
         for alias, name in db_names.items():
             connections.settings[alias]["NAME"] = name
         # Only now, after django.setup(): the executor imports the models (see the docstring).
+        from .worker.atomic import execute_atomic
         from .worker.executor import Attempt, Executor, event_loop_thread, job_timeout
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure to the parent
         conn.send(f"{type(exc).__name__}: {exc}")
@@ -53,7 +56,13 @@ def child_main(conn: Connection, worker_id: str, db_names: dict[str, Any], paren
             return
         close_old_connections()
         try:
-            outcome = executor.execute(job, Attempt(job, timeout=job_timeout(job)))
+            attempt = Attempt(job, timeout=job_timeout(job))
+            if "atomic" in job.options:
+                # Its transaction is this process's: the worker killing it (timeout, cancel)
+                # rolls it back. A completion comes back written (Outcome.written_as).
+                outcome = execute_atomic(executor, job, attempt)
+            else:
+                outcome = executor.execute(job, attempt)
         finally:
             close_old_connections()
         if outcome is not None:

@@ -33,6 +33,7 @@ from .backend import JobResult, JobsBackend
 from .exceptions import JobTimeout
 from .models import Job
 from .states import JobState
+from .worker.atomic import execute_atomic
 from .worker.executor import Attempt, Executor, job_timeout, outcome_for
 
 __all__ = ["DrainResult", "assert_enqueued", "drain_queue", "enqueued_jobs", "perform_job", "refute_enqueued"]
@@ -283,10 +284,17 @@ def _make_due(
 
 
 def _run(job: engine.ClaimedJob, using: str, counts: DrainResult) -> None:
-    outcome = _executor().execute(job, Attempt(job, timeout=job_timeout(job)))
+    attempt = Attempt(job, timeout=job_timeout(job))
+    if "atomic" in job.options:  # as the worker runs it: the task and its completion in one transaction
+        outcome = execute_atomic(_executor(), job, attempt)
+    else:
+        outcome = _executor().execute(job, attempt)
     if outcome is None:  # cannot happen without a watchdog; keep the job from staying active
         outcome = outcome_for(job, state=JobState.FAILED)
-    written = engine.record_outcomes([outcome], using=using)
+    if outcome.written_as is None:
+        written = engine.record_outcomes([outcome], using=using)
+    else:  # written by its own transaction (or refused: nothing stored)
+        written = {job.id: outcome.written_as} if outcome.written_as else {}
     state = written.get(job.id)
     if state is not None:
         _executor().send_finished(outcome, state)  # after the write, as a worker sends it

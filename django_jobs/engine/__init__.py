@@ -29,6 +29,7 @@ from ..spec.newjob import NewJob
 from .claim import claim_gated_jobs, claim_jobs, gated_queues
 from .common import (
     CANCEL_PREFIX,
+    DROPPED,
     EVENT_TABLE,
     INSERT_CHUNK,
     JOB_TABLE,
@@ -108,6 +109,7 @@ from .workers import (
 
 __all__ = [
     "CANCEL_PREFIX",
+    "DROPPED",
     "CancelResult",
     "ClaimedJob",
     "DEDUP_NEXT_TABLE",

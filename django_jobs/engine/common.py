@@ -59,6 +59,11 @@ class ClaimedJob:
     partition_key: str | None = None
 
 
+#: :attr:`Outcome.written_as` of an outcome its attempt's transaction tried to write and the
+#: guard refused (the lease was lost): nothing was stored.
+DROPPED = ""
+
+
 @dataclass(slots=True)
 class Outcome:
     """What one attempt of a job came to; :func:`record_outcomes` writes a batch of them.
@@ -90,6 +95,10 @@ class Outcome:
     #: to or from a child process) so ``task_finished`` can be sent once the outcome is stored.
     job: ClaimedJob | None = field(default=None, repr=False, compare=False)
     exc: BaseException | None = field(default=None, repr=False, compare=False)
+    #: Set when the attempt's own transaction already wrote this outcome (``atomic=True``, see
+    #: django_jobs.worker.atomic): the state stored, or :data:`DROPPED` when the guard refused
+    #: it and the transaction was rolled back. None: the completer writes it.
+    written_as: str | None = field(default=None, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in self.__slots__}

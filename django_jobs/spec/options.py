@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from inspect import iscoroutinefunction
 from typing import Any
 
 from django.tasks import Task
@@ -29,7 +30,7 @@ from .tracing import validate_trace_id
 #: The options JobTask adds to Django's Task, settable in @task(...) and .using(...).
 JOB_OPTIONS = (
     "max_attempts", "backoff", "timeout", "lifo", "dedup", "idempotency_key", "trace_id", "partition", "retention",
-    "encrypt",
+    "encrypt", "atomic",
 )  # fmt: skip
 
 
@@ -129,6 +130,9 @@ def validate_job_options(task: Task) -> None:
             f"encrypt must be True or False; got {encrypt!r}. Its keys are DJANGO_JOBS['ENCRYPTION_KEYS'] "
             "(docs/howto/encryption.md)."
         )
+    atomic = getattr(task, "atomic", False)
+    if atomic is not False:
+        check_atomic(task, atomic)
     dedup = getattr(task, "dedup", None)
     if dedup is not None and not isinstance(dedup, Dedup):
         raise InvalidTaskOptions(
@@ -162,6 +166,21 @@ def validate_job_options(task: Task) -> None:
             validate_policies(retention, "retention")
         except InvalidRetention as exc:
             raise InvalidTaskOptions(str(exc)) from None
+
+
+def check_atomic(task: Task, atomic: Any) -> None:
+    """``atomic``: True or False, and True only for a plain ``def`` task."""
+    if not isinstance(atomic, bool):
+        raise InvalidTaskOptions(
+            f"atomic must be True or False; got {atomic!r}. atomic=True runs the task and records its "
+            "completion in one transaction on the jobs database (docs/howto/atomic-tasks.md)."
+        )
+    if atomic and iscoroutinefunction(task.func):
+        raise InvalidTaskOptions(
+            f"atomic=True needs a plain def task; {task.module_path} is an async def, and a transaction belongs "
+            "to one thread while a coroutine's ORM calls run in others (sync_to_async), outside it. Make it a def "
+            "task to run it atomically (docs/howto/atomic-tasks.md)."
+        )
 
 
 def check_using_retention(retention: Any) -> None:
@@ -206,6 +225,9 @@ def job_fields(task: Task, *, default_max_attempts: int) -> tuple[int, dict[str,
     retention = getattr(task, "retention", None)
     if retention is not None:
         options["retention"] = retention_json(retention)
+    if getattr(task, "atomic", False):
+        # The worker runs the job and writes its completion in one transaction (worker.atomic).
+        options["atomic"] = True
     return max_attempts, options
 
 
@@ -221,6 +243,6 @@ def stored_run_after(options: dict[str, Any] | None) -> datetime | None:
 
 
 __all__ = [
-    "JOB_OPTIONS", "check_run_after_bound", "check_using_retention", "job_fields", "max_run_after", "retention_json",
+    "JOB_OPTIONS", "check_atomic", "check_run_after_bound", "check_using_retention", "job_fields", "max_run_after", "retention_json",
     "run_after_too_far", "stored_run_after", "validate_job_options", "validate_option_types",
 ]  # fmt: skip

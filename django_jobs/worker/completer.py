@@ -1,4 +1,9 @@
-"""Writes attempt outcomes in batches: one statement for everything that finished meanwhile."""
+"""Writes attempt outcomes in batches: one statement for everything that finished meanwhile.
+
+An outcome that its attempt's own transaction wrote already (an ``atomic=True`` job, see
+:mod:`.atomic`; ``Outcome.written_as`` set) is not written again: it only goes through what
+follows a write (``on_written``), on this thread, like the others.
+"""
 
 from __future__ import annotations
 
@@ -63,6 +68,7 @@ class Completer(threading.Thread):
         self._on_written = on_written
         self._cond = threading.Condition()
         self._pending: list[engine.Outcome] = []
+        self._written: list[engine.Outcome] = []  # written by their own transaction (atomic jobs)
         self._submitted: list[float] = []  # monotonic submit time of each pending outcome
         self._writing = 0
         self.window = OutcomeWindow()
@@ -70,6 +76,9 @@ class Completer(threading.Thread):
         self._abandon = False
 
     def submit(self, outcome: engine.Outcome) -> None:
+        if outcome.written_as is not None:
+            self._submit_written(outcome)
+            return
         with self._cond:
             if self._closed:
                 logger.warning(
@@ -83,6 +92,24 @@ class Completer(threading.Thread):
             # until FLUSH_AT (each wake-up is a thread switch, as costly as a short job).
             if len(self._pending) == 1 or len(self._pending) == FLUSH_AT:
                 self._cond.notify_all()
+
+    def _submit_written(self, outcome: engine.Outcome) -> None:
+        """Queue an outcome its own transaction wrote for what follows a write (after shutdown:
+        run that here and now, the job being stored whatever the shutdown does)."""
+        with self._cond:
+            if not self._closed:
+                self._written.append(outcome)
+                self._cond.notify_all()
+                return
+        self._hand_on([outcome])
+
+    def _hand_on(self, outcomes: list[engine.Outcome]) -> None:
+        """``on_written`` for outcomes written by their own transaction (none of them here
+        if the guard refused it)."""
+        try:
+            self._on_written(outcomes, {o.job_id: o.written_as for o in outcomes if o.written_as})
+        except Exception:  # noqa: BLE001 - a bug there must not stop the writing of outcomes
+            logger.exception("Handling %d outcome(s) written by their jobs failed.", len(outcomes))
 
     def pending(self) -> int:
         with self._cond:
@@ -156,21 +183,30 @@ class Completer(threading.Thread):
         failures = 0
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._written and not self._closed:
                     self._cond.wait()
-                if not self._pending and self._closed:
-                    break
-                linger_until = time.monotonic() + LINGER
-                while len(self._pending) < FLUSH_AT and not self._closed:
-                    remaining = linger_until - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-                batch = self._pending[:MAX_BATCH]
-                submitted = self._submitted[:MAX_BATCH]
-                del self._pending[:MAX_BATCH]
-                del self._submitted[:MAX_BATCH]
-                self._writing = len(batch)
+                written_ahead: list[engine.Outcome] | None = None
+                if self._written:
+                    written_ahead, self._written = self._written, []
+                batch: list[engine.Outcome] | None = None
+                if self._pending:
+                    linger_until = time.monotonic() + LINGER
+                    while len(self._pending) < FLUSH_AT and not self._closed:
+                        remaining = linger_until - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                    batch = self._pending[:MAX_BATCH]
+                    submitted = self._submitted[:MAX_BATCH]
+                    del self._pending[:MAX_BATCH]
+                    del self._submitted[:MAX_BATCH]
+                    self._writing = len(batch)
+            if written_ahead:
+                self._hand_on(written_ahead)
+            if batch is None:
+                if written_ahead:
+                    continue
+                break  # closed, and everything submitted is written
             while True:
                 try:
                     try:

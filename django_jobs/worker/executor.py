@@ -1,7 +1,8 @@
 """One job's pipeline: resolve the task -> build the context -> call it -> classify the outcome.
 
 The executor never writes to the database; it returns an :class:`~django_jobs.engine.Outcome`
-that the completer writes in a batch. ``task_started`` is sent from here before the task runs;
+that the completer writes in a batch (an ``atomic=True`` job's completion is written in the
+task's own transaction instead, by :mod:`.atomic`). ``task_started`` is sent from here before the task runs;
 ``task_finished`` once the outcome is stored (:meth:`Executor.send_finished`, called by whoever
 wrote it), so a receiver that reads the result back sees the final status.
 """
@@ -361,7 +362,7 @@ class Executor:
         if exc is not None:
             if not attempt.settle():
                 return self._late(job, f"failed with {exc!r}")
-            return self._failure(job, exc)
+            return self.failure(job, exc)
         if not attempt.settle():
             return self._late(job, "completed")
         return outcome_for(job, state=JobState.COMPLETED, return_value_json=value_json)
@@ -374,7 +375,7 @@ class Executor:
     def _give_up(self, attempt: Attempt, exc: JobsError) -> Outcome | None:
         if not attempt.settle():
             return None
-        return self._failure(attempt.job, exc)
+        return self.failure(attempt.job, exc)
 
     def send_finished(self, outcome: Outcome, state: str) -> None:
         """Send ``task_finished`` for ``outcome``, which was just stored as ``state``: call it after
@@ -504,8 +505,9 @@ class Executor:
                 f"Job {context.job_id} was cancelled while it ran; the coroutine was cancelled."
             ) from None
 
-    def _failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
-        """Classify an attempt that raised: Snooze, Fail, Retry, or any other error."""
+    def failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
+        """Classify an attempt that raised: Snooze, Fail, Retry, or any other error. The caller
+        holds the right to record the attempt (:meth:`Attempt.settle`)."""
         ids = {
             "job_id": job.id,
             "lease_token": job.lease_token,

@@ -45,6 +45,7 @@ from ..drivers import driver
 from ..exceptions import JobsConfigurationError, WorkerCrashed
 from ..signals import job_cancelled, job_retried, job_snoozed, send_job_signal, worker_started, worker_stopped
 from ..states import JobState
+from .atomic import execute_atomic
 from .completer import Completer
 from .consumer import Consumer, select_subscribers
 from .coroutines import LoopRunner
@@ -325,6 +326,8 @@ class Worker:
                 try:
                     if attempt.in_child:
                         outcome, child = self._children.run(attempt, child, self._producer.claimed_total)
+                    elif "atomic" in job.options:  # the task and its completion in one transaction
+                        outcome = execute_atomic(self._executor, job, attempt)
                     else:
                         outcome = self._executor.execute(job, attempt)
                 except BaseException as exc:  # noqa: BLE001 - not the task's error (those are outcomes): ours
@@ -362,7 +365,8 @@ class Worker:
 
     def _on_written(self, outcomes: list[engine.Outcome], written: dict[Any, str]) -> None:
         """Count what was stored and send the job signals, ``task_finished`` first (completer
-        thread, after the commit)."""
+        thread, after the commit). Also called for the outcomes of atomic jobs, which their own
+        transaction wrote (:mod:`.atomic`)."""
         self._leases.drop([o.lease_token for o in outcomes])
         for o in outcomes:
             state = written.get(o.job_id)
