@@ -1,7 +1,7 @@
 """Bus mode's metrics, the same on every database: the running totals a group's cursors keep
 (acknowledged, dead-lettered, expired), moved by the statements that move the cursor and by
 nothing else; the once-a-minute snapshots (one row per series and minute, whatever the number
-of writers); and their retention.
+of writers); their retention; and the rates and per-minute flows read from them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 import django_jobs
+from django_jobs import console_topics as console
 from django_jobs.conf import get_settings
 from django_jobs.engine import topic_metrics as metrics
 from django_jobs.engine import topic_publish as publishing
@@ -190,3 +191,73 @@ def test_the_pruner_deletes_snapshots_older_than_metrics_keep_days(billing):
     counts = pruner(METRICS_KEEP_DAYS=2).run_once(now=now)
     assert counts["topic_metrics"] == 2
     assert TopicMetric.objects.count() == 2 and TopicMetric.objects.filter(minute__gt=now - timedelta(days=2)).count()
+
+
+# -- rates and flows -----------------------------------------------------------------------------------
+
+
+@db
+def test_rates_are_the_growth_since_the_snapshot_five_minutes_ago_per_minute(billing):
+    now = timezone.now() + timedelta(minutes=1)  # later than the messages published below
+    publish(4)
+    assert console.topic_overview(using="default", now=now)[0].rates is None, "no snapshot yet"
+    metrics.record_topic_totals(using="default", now=now - timedelta(minutes=6))
+    publish(2)  # before the window: not in the rate
+    metrics.record_topic_totals(using="default", now=now - timedelta(minutes=5))
+    publish(10)
+    bus.ack_batch(take(batch=4, now=now), using="default")
+    assert bus.fail_batch(take(batch=1, now=now), error="x", max_attempts=1, using="default", now=now) == "dead"
+    [orders] = console.topic_overview(using="default", now=now)
+    assert orders.rates.minutes == pytest.approx(5) and orders.published_per_minute == pytest.approx(2.0)
+    [group] = orders.groups
+    assert (group.acked, group.dead_lettered, group.expired) == (4, 1, 0)
+    assert (group.rates.acked, group.rates.dead_lettered) == (pytest.approx(0.8), pytest.approx(0.2))
+    assert group.consumed_per_minute == pytest.approx(1.0)
+
+
+@db
+def test_a_young_install_measures_from_its_oldest_snapshot_a_minute_old(billing):
+    now = timezone.now()
+    publish(1)  # a topic has a snapshot once it has a partition
+    metrics.record_topic_totals(using="default", now=now - timedelta(seconds=30))
+    publish(3)
+    assert console.topic_overview(using="default", now=now)[0].rates is None, "half a minute says little"
+    TopicMetric.objects.update(taken_at=now - timedelta(minutes=2))
+    assert console.topic_overview(using="default", now=now)[0].published_per_minute == pytest.approx(1.5)
+
+
+@db
+def test_a_flow_gives_each_minute_its_growth_and_spreads_a_gap_over_its_minutes(billing):
+    now = timezone.now().replace(second=30, microsecond=0)
+    minute = now.replace(second=0)
+    publish(1)  # a topic has a snapshot once it has a partition
+    # (minutes ago, messages published after that minute's snapshot)
+    steps = [(10, 7), (9, 2), (8, 3), (5, 4), (0, 5)]
+    for ago, n in steps:
+        metrics.record_topic_totals(using="default", now=minute - timedelta(minutes=ago, seconds=-1))
+        publish(n)
+    detail = console.topic_detail(using="default", name="orders", now=now)
+    per_minute = {m.start: m.published for m in detail.flow.minutes}
+    assert len(detail.flow.minutes) == 60 and detail.flow.minutes[-1].start == minute
+    assert per_minute[minute - timedelta(minutes=10)] == 7
+    assert per_minute[minute - timedelta(minutes=9)] == 2
+    for ago in (8, 7, 6):  # three minutes without a snapshot share the growth
+        assert per_minute[minute - timedelta(minutes=ago)] == pytest.approx(1.0)
+    for ago in (5, 4, 3, 2, 1):
+        assert per_minute[minute - timedelta(minutes=ago)] == pytest.approx(0.8)
+    assert per_minute[minute] == 5, "the current minute: from its snapshot up to now"
+    assert per_minute[minute - timedelta(minutes=11)] == 0, "before the first snapshot"
+    assert detail.flow.published == pytest.approx(21)
+    assert detail.group_flows["billing"].acked == 0
+
+
+@db
+def test_the_figures_read_grouped_small_tables_never_the_messages(billing, django_assert_num_queries):
+    publish(3)
+    metrics.record_topic_totals(using="default", now=timezone.now() - timedelta(minutes=5))
+    with django_assert_num_queries(8) as overview:
+        console.topic_overview(using="default")
+    with django_assert_num_queries(4) as scrape:  # what a Prometheus scrape reads of the topics
+        console.topic_counters(using="default")
+    sql = [q["sql"] for q in overview.captured_queries + scrape.captured_queries]
+    assert not [q for q in sql if "django_jobs_message" in q]
