@@ -10,8 +10,10 @@ query counts the message table.
 Throughput (messages per minute) is the difference of those running totals between two
 moments: the snapshots a worker records once a minute (:class:`~django_jobs.models.TopicMetric`,
 ``engine.topic_metrics``) and the totals read now. A figure needs a snapshot at least a minute
-old: without a running worker there is none, and the rate is None ("–"). Changes (pause, seek, retry, replay...) go through
-:mod:`django_jobs.topics` and :mod:`django_jobs.engine.topic_control`, never through here.
+old: without a running worker there is none, and the rate is None ("–").
+
+Changes (pause, seek, retry, replay...) go through :mod:`django_jobs.topics` and
+:mod:`django_jobs.engine.topic_control`, never through here.
 """
 
 from __future__ import annotations
@@ -149,6 +151,10 @@ class Flow:
     @property
     def expired(self) -> float:
         return sum(m.expired for m in self.minutes)
+
+    @property
+    def consumed(self) -> float:
+        return self.acked + self.dead_lettered + self.expired
 
 
 @dataclass(frozen=True)

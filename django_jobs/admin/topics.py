@@ -253,7 +253,7 @@ class TopicAdmin(admin.ModelAdmin):
                     "url": _url("django_jobs_topic_group", topic, g.name),
                     "dead": g.dead,
                     "rate": console.shown_rate(g.consumed_per_minute),
-                    "hour": _count(_consumed(detail.group_flows.get(g.name))),
+                    "hour": _count(detail.group_flows[g.name].consumed),
                 }
                 for g in detail.row.groups
             ],
@@ -479,10 +479,6 @@ def _selection(request: HttpRequest) -> list[int] | None:
     if not all(i.isdigit() and int(i) < 2**63 for i in picked):
         raise _MalformedSelection
     return [int(i) for i in picked]
-
-
-def _consumed(flow: console.Flow | None) -> float:
-    return 0.0 if flow is None else flow.acked + flow.dead_lettered + flow.expired
 
 
 def _count(n: float) -> int:
