@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 from ..engine.topic_metrics import record_topic_totals
 from .base import Service
@@ -25,7 +26,7 @@ class TopicRecorder(Service):
     name = "topic_recorder"
     leader_only = True
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         #: Monotonic time of the next minute's start (by the database's clock at the last write).
         self._next_minute = 0.0
