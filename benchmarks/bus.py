@@ -20,7 +20,8 @@ Measured, on its own database ``jobs_bench_bus`` (dropped and re-created):
 
 Each figure is printed with the machine's 1-minute load average as its measurement started
 (``os.getloadavg``): on a shared machine the load says how much to trust it. Prints a table and,
-last, one JSON line. ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the
+last, one JSON line. ``--only consume_1_group,consume_3_groups`` runs some of the measurements
+(``SCENARIOS``), e.g. to compare the consume path of two versions run by run. ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD`` pick the
 server; see benchmarks/settings.py.
 """
 
@@ -44,6 +45,9 @@ os.environ.setdefault("JOBS_BENCH_DB", "jobs_bench_bus")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 from benchmarks import throughput as tp  # noqa: E402 - after the environment it reads
+
+#: The measurements, in the order they run (``--only`` picks some).
+SCENARIOS = ("publish_per_tx", "publish_many", "consume_1_group", "consume_3_groups", "end_to_end")
 
 
 def lag(topic: str) -> int:
@@ -191,7 +195,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--only",
+        default=",".join(SCENARIOS),
+        help=f"Comma-separated scenarios to run, of {', '.join(SCENARIOS)} (default: all).",
+    )
     opts = parser.parse_args()
+    only = [name.strip() for name in opts.only.split(",") if name.strip()]
+    unknown = sorted(set(only) - set(SCENARIOS))
+    if unknown or not only:
+        parser.error(f"--only: unknown scenario(s) {', '.join(unknown) or '(none given)'}; of {', '.join(SCENARIOS)}")
 
     version = tp.ensure_database()
     tp.setup_django()
@@ -200,39 +213,47 @@ def main() -> None:
     # (a test suite) shows in the figures, so each is reported with it.
     load: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as probe:
-        load["publish_per_tx"] = os.getloadavg()[0]
-        results["publish_per_tx_msg_s"] = publish_one_per_transaction(opts.publishes, opts.partitions)
-        load["publish_many"] = os.getloadavg()[0]
-        results["publish_many_msg_s"] = publish_many(opts.many, opts.partitions)
-        load["consume_1_group"] = os.getloadavg()[0]
-        took, rate = consume("bench1", 1, opts.consume, opts.partitions, opts.workers, probe)
-        results["consume_1_group_s"], results["consume_1_group_deliveries_s"] = took, rate
-        load["consume_3_groups"] = os.getloadavg()[0]
-        took, rate = consume("bench3", 3, opts.consume, opts.partitions, opts.workers, probe)
-        results["consume_3_groups_s"], results["consume_3_groups_deliveries_s"] = took, rate
-        load["end_to_end"] = os.getloadavg()[0]
-        results.update(end_to_end(opts.rate, opts.seconds, opts.partitions, opts.workers, probe))
+        if "publish_per_tx" in only:
+            load["publish_per_tx"] = os.getloadavg()[0]
+            results["publish_per_tx_msg_s"] = publish_one_per_transaction(opts.publishes, opts.partitions)
+        if "publish_many" in only:
+            load["publish_many"] = os.getloadavg()[0]
+            results["publish_many_msg_s"] = publish_many(opts.many, opts.partitions)
+        if "consume_1_group" in only:
+            load["consume_1_group"] = os.getloadavg()[0]
+            took, rate = consume("bench1", 1, opts.consume, opts.partitions, opts.workers, probe)
+            results["consume_1_group_s"], results["consume_1_group_deliveries_s"] = took, rate
+        if "consume_3_groups" in only:
+            load["consume_3_groups"] = os.getloadavg()[0]
+            took, rate = consume("bench3", 3, opts.consume, opts.partitions, opts.workers, probe)
+            results["consume_3_groups_s"], results["consume_3_groups_deliveries_s"] = took, rate
+        if "end_to_end" in only:
+            load["end_to_end"] = os.getloadavg()[0]
+            results.update(end_to_end(opts.rate, opts.seconds, opts.partitions, opts.workers, probe))
     print(f"PostgreSQL {version}, {os.cpu_count()} CPUs, {opts.workers} worker processes, {opts.partitions} partitions")
-    rows = [
-        ("publish, one per transaction", f"{results['publish_per_tx_msg_s']:,.0f} msg/s", "publish_per_tx"),
-        ("publish_many (1,000 per call)", f"{results['publish_many_msg_s']:,.0f} msg/s", "publish_many"),
-        (
-            f"consume {opts.consume:,}, 1 group",
-            f"{results['consume_1_group_deliveries_s']:,.0f} deliveries/s ({results['consume_1_group_s']:.1f} s)",
-            "consume_1_group",
-        ),
-        (
-            f"consume {opts.consume:,}, 3 groups",
-            f"{results['consume_3_groups_deliveries_s']:,.0f} deliveries/s ({results['consume_3_groups_s']:.1f} s)",
-            "consume_3_groups",
-        ),
-        (
-            f"end to end at {opts.rate:.0f} msg/s ({results['e2e_published_msg_s']:.0f} reached)",
-            f"p50 {results['p50_ms']:.1f} ms, p99 {results['p99_ms']:.1f} ms, max {results['max_ms']:.1f} ms",
-            "end_to_end",
-        ),
-        ("largest lag sampled", f"{results['max_lag']:.0f} messages", "end_to_end"),
-    ]
+    rows = []
+    if "publish_per_tx_msg_s" in results:
+        rows.append(("publish, one per transaction", f"{results['publish_per_tx_msg_s']:,.0f} msg/s", "publish_per_tx"))
+    if "publish_many_msg_s" in results:
+        rows.append(("publish_many (1,000 per call)", f"{results['publish_many_msg_s']:,.0f} msg/s", "publish_many"))
+    for key, groups in (("consume_1_group", "1 group"), ("consume_3_groups", "3 groups")):
+        if f"{key}_s" in results:
+            rows.append(
+                (
+                    f"consume {opts.consume:,}, {groups}",
+                    f"{results[f'{key}_deliveries_s']:,.0f} deliveries/s ({results[f'{key}_s']:.1f} s)",
+                    key,
+                )
+            )
+    if "p50_ms" in results:
+        rows += [
+            (
+                f"end to end at {opts.rate:.0f} msg/s ({results['e2e_published_msg_s']:.0f} reached)",
+                f"p50 {results['p50_ms']:.1f} ms, p99 {results['p99_ms']:.1f} ms, max {results['max_ms']:.1f} ms",
+                "end_to_end",
+            ),
+            ("largest lag sampled", f"{results['max_lag']:.0f} messages", "end_to_end"),
+        ]
     for name, value, when in rows:
         print(f"  {name:<34} {value:<44} load {load[when]:.1f}")
     print(

@@ -6,7 +6,10 @@ Two sources, because a count of finished jobs can be a true counter only where t
   serves it): the backlog per queue and state, the oldest waiting job's age, the pause flags,
   the live workers, and what finished in the last hour. Finished jobs are counted from the
   per-minute Metric rows, which the pruner trims, so their sums go down as minutes leave the
-  window: they are gauges named ``..._last_hour``, never counters.
+  window: they are gauges named ``..._last_hour``, never counters. Bus mode's messages are
+  different: a topic's partitions count what was published and a group's cursors what it
+  consumed, in columns that only grow, so those are true counters (``..._total``) read from
+  the database, beside each group's lag, dead letters, blocked partitions and leases.
 * :class:`WorkerMetrics` counts in a worker process (``runworker --metrics-port``): the outcomes
   it stored and the run time of each attempt, true counters and a histogram that only grow
   while the process lives, so ``rate()`` and ``histogram_quantile()`` work on them.
@@ -28,6 +31,7 @@ from django.tasks.exceptions import InvalidTaskBackend
 
 from .backend import JobsBackend
 from .console import queue_stats, workers
+from .console_topics import topic_counters
 from .exceptions import InvalidWorkerOption, JobsConfigurationError, PrometheusClientMissing
 from .states import UNFINISHED_STATES
 from .worker.options import require_int
@@ -119,10 +123,13 @@ class _Collector:
 
 
 class DatabaseCollector(_Collector):
-    """The queues and workers of ``backend`` as the database holds them at scrape time, in five
-    queries whatever the number of jobs (those of the queues dashboard, :mod:`django_jobs.console`):
-    unfinished jobs are counted through their partial index and finished ones from the last
-    hour's Metric rows, never with a COUNT over the job table."""
+    """The queues and workers of ``backend`` and the topics of its database as the database
+    holds them at scrape time, in nine queries whatever the number of jobs and messages. Five
+    are those of the queues dashboard (:mod:`django_jobs.console`): unfinished jobs are counted
+    through their partial index and finished ones from the last hour's Metric rows, never with a
+    COUNT over the job table. Four are bus mode's (:func:`~django_jobs.console_topics.topic_counters`):
+    the partitions, the cursors, the groups and the dead letters, each grouped, never the
+    message table."""
 
     def _families(self) -> Iterator[Any]:
         gauge = self.client.core.GaugeMetricFamily
@@ -158,6 +165,55 @@ class DatabaseCollector(_Collector):
             runtime.add_metric([q.name], q.hour.runtime_ms / 1000)
         yield from (jobs, oldest, paused, *hour.values(), runtime)
         yield from self._workers()
+        yield from self._topics()
+
+    def _topics(self) -> Iterator[Any]:
+        gauge, counter = self.client.core.GaugeMetricFamily, self.client.core.CounterMetricFamily
+        group = ["topic", "group"]
+        published = counter(
+            "django_jobs_topic_published",
+            "Messages published to the topic (its partitions' positions).",
+            labels=["topic"],
+        )
+        consumed = counter(
+            "django_jobs_topic_consumed",
+            "Messages the group got through, by outcome: acked, dead_lettered, expired (skipped past max_wait).",
+            labels=[*group, "outcome"],
+        )
+        lag = gauge("django_jobs_topic_lag", "Messages published and not yet consumed by the group.", labels=group)
+        dead = gauge(
+            "django_jobs_topic_dead_letters",
+            "The group's stored dead letters (dead, queued for replay or replaying).",
+            labels=group,
+        )
+        blocked = gauge(
+            "django_jobs_topic_partitions_blocked",
+            'Partitions stopped by on_failure="block" until an operator retries or skips them.',
+            labels=group,
+        )
+        held = gauge(
+            "django_jobs_topic_leases_held", "Partitions whose batch a worker holds under a live lease.", labels=group
+        )
+        expired = gauge(
+            "django_jobs_topic_leases_expired",
+            "Leases run out and not yet taken over: their worker died or stalls.",
+            labels=group,
+        )
+        paused = gauge("django_jobs_topic_group_paused", "1 while the group is paused.", labels=group)
+        for t in topic_counters(using=self.using):
+            published.add_metric([t.name], t.published)
+            for g in t.groups:
+                labels = [t.name, g.name]
+                consumed.add_metric([*labels, "acked"], g.acked)
+                consumed.add_metric([*labels, "dead_lettered"], g.dead_lettered)
+                consumed.add_metric([*labels, "expired"], g.expired)
+                lag.add_metric(labels, g.lag)
+                dead.add_metric(labels, g.dead)
+                blocked.add_metric(labels, g.blocked)
+                held.add_metric(labels, g.leased - g.leases_expired)
+                expired.add_metric(labels, g.leases_expired)
+                paused.add_metric(labels, 1 if g.paused else 0)
+        yield from (published, consumed, lag, dead, blocked, held, expired, paused)
 
 
 class LiveWorkersCollector(_Collector):

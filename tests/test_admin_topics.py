@@ -15,6 +15,7 @@ from django.utils import timezone
 
 import django_jobs
 from django_jobs.admin.utils import moment
+from django_jobs.engine import topic_metrics as metrics
 from django_jobs.engine import topics as bus
 from django_jobs.models import ConsumerGroup, DeadLetter, GroupCursor, Message, Topic
 from tests.conftest import wait_until
@@ -113,6 +114,49 @@ def test_group_page_shows_lag_and_the_lease_held_per_partition(orders):
     assert cell(held, "lease-expires") == moment(b.lease_expires_at), "a day ahead: not expired"
     other = row(body, "data-partition", "b" if b.partition == "a" else "a")
     assert cell(other, "leased-by") == "–"
+
+
+def throughput(topic: str = "orders"):
+    """Record the totals five minutes ago (as a worker's TopicRecorder does), then publish 10
+    messages and have "billing" acknowledge 4 and dead-letter 1: 2 published and 1 consumed
+    per minute over the last five minutes."""
+    metrics.record_topic_totals(using="default", now=timezone.now() - timedelta(minutes=5))
+    django_jobs.topic(topic).publish_many([{"payload": {"n": i}, "partition": "a"} for i in range(10)])
+    b = bus.acquire_batch(topic, "billing", batch_size=4, worker_id="w", using="default", now=NOW_PLUS)
+    assert b.partition == "a" and bus.ack_batch(b, using="default")
+    fail_head(topic, "billing")
+
+
+@db
+def test_topic_pages_show_messages_published_and_consumed_per_minute(orders):
+    client = superuser_client()
+    before = row(client.get(TOPICS).content.decode(), "data-topic", "orders")
+    assert cell(before, "published-rate") == "–", "no snapshot yet: no worker recorded the totals"
+    throughput()
+    listed = row(client.get(TOPICS).content.decode(), "data-topic", "orders")
+    assert cell(listed, "published-rate") == "2.0"
+    groups = cell(listed, "groups")
+    assert "billing (10) 1.0/min" in groups and "email (10) 0.0/min" in groups
+
+    body = client.get(topic_url("orders")).content.decode()
+    assert cell(row(body, "data-topic", "orders"), "published-rate") == "2.0"
+    billing = row(body, "data-group", "billing")
+    assert (cell(billing, "consumed-rate"), cell(billing, "consumed-hour")) == ("1.0", "5")
+    svg = re.search(r'<svg[^>]*id="chart-topic-published".*?</svg>', body, re.S).group(0)
+    assert 'aria-label="Messages published to orders per minute, last hour: 10 published"' in svg
+    assert svg.count('class="bar"') == 60 and "Published (10)" in svg
+    assert svg.count(": 2 published</title>") == 5, "10 spread over the five minutes since the snapshot"
+
+    page = client.get(group_url("orders", "billing")).content.decode()
+    figures = row(page, "data-group", "billing")
+    assert (cell(figures, "consumed-rate"), cell(figures, "published-rate")) == ("1.0", "2.0")
+    svg = re.search(r'<svg[^>]*id="chart-group-consumed".*?</svg>', page, re.S).group(0)
+    label = (
+        "Messages of orders consumed by group billing per minute, last hour: 4 acknowledged, 1 dead-lettered or expired"
+    )
+    assert f'aria-label="{label}"' in svg
+    assert "Acknowledged (4)" in svg and "Dead-lettered or expired (1)" in svg
+    assert svg.count(": 0.8 acknowledged, 0.2 dead-lettered or expired</title>") == 5
 
 
 @db

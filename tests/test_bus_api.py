@@ -8,12 +8,14 @@ from datetime import datetime
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import Sum
 from django.test import override_settings
 
 import django_jobs
 from django_jobs.conf import get_settings
 from django_jobs.engine import topics as bus
 from django_jobs.exceptions import InvalidSubscriber, InvalidTopicName, InvalidTopicSetting
+from django_jobs.models import GroupCursor, TopicMetric
 from django_jobs.spec import topics as spec
 from django_jobs.spec.settings import settings_problems
 from tests.conftest import wait_until
@@ -138,3 +140,36 @@ def test_a_batch_whose_workers_keep_dying_goes_to_the_dead_letters_unrun(registr
     wait_until(lambda: ran == ["fine"], timeout=30, message="the next message handled")
     letter = django_jobs.topic("poison").group("g").dead_letters().get()
     assert letter.payload == "kills" and "died" in letter.error and letter.attempts == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_counts_what_its_subscribers_consume_and_records_the_totals(registry, thread_worker):
+    @django_jobs.subscriber("counted", group="fine", start_from="beginning", batch=2)
+    def fine(messages, context):
+        return None
+
+    @django_jobs.subscriber("counted", group="fails", start_from="beginning", max_attempts=1)
+    def fails(message, context):
+        raise ValueError("no")
+
+    for group in ("fine", "fails"):
+        bus.ensure_group("counted", group, start_from="beginning", using="default")
+    django_jobs.topic("counted").publish_many([{"payload": n} for n in range(5)])
+    thread_worker(topics=["counted"])
+
+    def consumed(group):
+        return GroupCursor.objects.filter(topic="counted", group_name=group).aggregate(
+            acked=Sum("acked_count"), dead=Sum("dead_lettered_count")
+        )
+
+    wait_until(lambda: consumed("fine") == {"acked": 5, "dead": 0}, timeout=30, message="five acknowledged")
+    wait_until(lambda: consumed("fails") == {"acked": 0, "dead": 5}, timeout=30, message="five dead letters")
+    # The worker leads (it is alone): its TopicRecorder writes this minute's totals.
+    wait_until(lambda: TopicMetric.objects.filter(topic="counted").count() >= 3, timeout=30, message="a snapshot")
+    snapshot = {
+        g: (published, acked, dead)
+        for g, published, acked, dead in TopicMetric.objects.filter(topic="counted")
+        .order_by("minute")
+        .values_list("group_name", "published", "acked", "dead_lettered")
+    }
+    assert snapshot[""][0] == 5 and set(snapshot) == {"", "fine", "fails"}

@@ -16,6 +16,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 import django_jobs
+from django_jobs.engine import topic_metrics as metrics
 from django_jobs.engine import topics as bus
 from django_jobs.models import DeadLetter, Message
 from tests.conftest import ROOT, subprocess_env
@@ -57,6 +58,30 @@ def test_topics_lists_partitions_published_groups_and_lag(orders):
     assert r["groups (lag)"] == "billing (5), email (0, paused)"
     [data] = json.loads(jobs("topics", "--json"))
     assert data["lag"] == 5 and {g["group"]: g["lag"] for g in data["groups"]} == {"billing": 5, "email": 0}
+
+
+@db
+def test_topics_shows_messages_published_and_consumed_per_minute(orders):
+    [r] = rows(jobs("topics"))
+    assert (r["published/min"], r["consumed/min"]) == ("–", "billing –, email –"), "no snapshot yet"
+    [data] = json.loads(jobs("topics", "--json"))
+    assert data["published_per_minute"] is None and data["groups"][0]["consumed_per_minute"] is None
+    # The totals five minutes ago (a worker's TopicRecorder), then 10 published, 4 acknowledged
+    # and 1 dead letter: per minute, 2 published and 1 consumed.
+    metrics.record_topic_totals(using="default", now=timezone.now() - timedelta(minutes=5))
+    orders.publish_many([{"payload": {"n": i}, "partition": "a"} for i in range(10)])
+    b = bus.acquire_batch("orders", "billing", batch_size=4, worker_id="w", using="default", now=LATER)
+    assert bus.ack_batch(b, using="default")
+    dead("orders", "billing", 1)
+    [r] = rows(jobs("topics"))
+    assert (r["published/min"], r["consumed/min"]) == ("2.0", "billing 1.0, email 0.0")
+    [data] = json.loads(jobs("topics", "--json"))
+    assert data["published"] == 15 and data["published_per_minute"] == 2.0
+    billing, email = data["groups"]
+    assert (billing["acked"], billing["dead_lettered"], billing["expired"]) == (4, 1, 0)
+    assert billing["consumed_per_minute"] == 1.0
+    assert (billing["acked_per_minute"], billing["dead_lettered_per_minute"]) == (0.8, 0.2)
+    assert email["consumed_per_minute"] == 0.0
 
 
 @db

@@ -21,7 +21,9 @@ from django.test import RequestFactory
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+import django_jobs
 from django_jobs import engine, queue
+from django_jobs.engine import topics as bus
 from django_jobs.exceptions import JobsConfigurationError
 from django_jobs.models import Job, Worker
 from django_jobs.testing import drain_queue
@@ -117,10 +119,63 @@ def test_view_counts_workers_with_a_fresh_heartbeat_as_live_and_the_others_as_st
 def test_view_reads_no_finished_history(client, django_assert_max_num_queries):
     tasks.add.using(queue_name="mh").enqueue(1, 1)
     drain_queue("mh")
-    with django_assert_max_num_queries(5) as queries:
+    bus.ensure_group("mh", "g", start_from="beginning", using="default")
+    django_jobs.topic("mh").publish(1)
+    # Five for the jobs and the workers, four for the topics (partitions, cursors, groups, dead letters).
+    with django_assert_max_num_queries(9) as queries:
         client.get("/metrics/")
     job_reads = [x["sql"] for x in queries.captured_queries if "django_jobs_job" in x["sql"]]
     assert job_reads and all("state" in sql for sql in job_reads), job_reads  # the unfinished rows only
+    assert not [x["sql"] for x in queries.captured_queries if "django_jobs_message" in x["sql"]]
+
+
+@pytest.mark.django_db
+def test_view_serves_topic_counters_and_each_groups_lag_dead_letters_blocks_and_leases(client):
+    """Counters of what was published and consumed (true counters: the columns only grow), and
+    each group's state, from the database at scrape time."""
+    for group in ("acks", "fails", "stalls"):
+        bus.ensure_group("mt", group, start_from="beginning", using="default")
+    django_jobs.topic("mt").publish_many([{"payload": n, "partition": "p"} for n in range(5)])
+    later = timezone.now() + timedelta(days=1)
+
+    def take(group, n):
+        return bus.acquire_batch("mt", group, batch_size=n, worker_id="w", using="default", now=later)
+
+    assert bus.ack_batch(take("acks", 2), using="default")
+    take("acks", 1)  # held: a live lease
+    assert bus.fail_batch(take("fails", 1), error="x", max_attempts=1, using="default", now=later) == "dead"
+    blocked = take("fails", 1)
+    assert bus.fail_batch(blocked, error="y", max_attempts=1, on_failure="block", using="default") == "blocked"
+    stalled = take("stalls", 3)
+    bus.renew_batch_lease(stalled, lease_seconds=30, using="default", now=timezone.now() - timedelta(hours=1))
+    django_jobs.topic("mt").group("stalls").pause()
+
+    got = scrape_view(client)
+
+    assert got[q("django_jobs_topic_published_total", topic="mt")] == 5
+    consumed = {
+        (group, outcome): got[q("django_jobs_topic_consumed_total", topic="mt", group=group, outcome=outcome)]
+        for group in ("acks", "fails", "stalls")
+        for outcome in ("acked", "dead_lettered", "expired")
+    }
+    assert consumed == {
+        ("acks", "acked"): 2, ("acks", "dead_lettered"): 0, ("acks", "expired"): 0,
+        ("fails", "acked"): 0, ("fails", "dead_lettered"): 1, ("fails", "expired"): 0,
+        ("stalls", "acked"): 0, ("stalls", "dead_lettered"): 0, ("stalls", "expired"): 0,
+    }  # fmt: skip
+
+    def per_group(name):
+        return {g: got[q(name, topic="mt", group=g)] for g in ("acks", "fails", "stalls")}
+
+    assert per_group("django_jobs_topic_lag") == {"acks": 3, "fails": 4, "stalls": 5}
+    assert per_group("django_jobs_topic_dead_letters") == {"acks": 0, "fails": 1, "stalls": 0}
+    assert per_group("django_jobs_topic_partitions_blocked") == {"acks": 0, "fails": 1, "stalls": 0}
+    assert per_group("django_jobs_topic_leases_held") == {"acks": 1, "fails": 0, "stalls": 0}
+    assert per_group("django_jobs_topic_leases_expired") == {"acks": 0, "fails": 0, "stalls": 1}
+    assert per_group("django_jobs_topic_group_paused") == {"acks": 0, "fails": 0, "stalls": 1}
+    types = {f.name: f.type for f in text_string_to_metric_families(client.get("/metrics/").content.decode())}
+    assert types["django_jobs_topic_published"] == types["django_jobs_topic_consumed"] == "counter"
+    assert types["django_jobs_topic_lag"] == "gauge"
 
 
 def test_view_refuses_a_backend_that_is_not_a_jobs_backend():
@@ -321,6 +376,8 @@ def test_every_metric_the_docs_and_the_grafana_dashboard_name_is_served(client):
     from django_jobs.worker.stats import OUTCOME_KINDS
 
     tasks.add.using(queue_name="md").enqueue(1, 1)  # a queue, so the per-queue metrics have a sample
+    bus.ensure_group("md", "g", start_from="beginning", using="default")  # and a topic with a group
+    django_jobs.topic("md").publish(1)
     served = {name for name, _ in scrape_view(client)}
     worker = WorkerMetrics()
     for kind in OUTCOME_KINDS:  # a labelled metric has samples once a label value is used

@@ -5,9 +5,12 @@ partitions, pause/resume, seek, dead letters with replay and delete).
 Pages (names in the ``admin`` namespace):
 
 * ``django_jobs_topic_changelist`` (``/admin/django_jobs/topic/``): every topic with its
-  partitions, messages published, newest message and its groups' lag.
-* ``django_jobs_topic_dashboard`` (``<topic>/dashboard/``): the topic's groups and settings.
-* ``django_jobs_topic_group`` (``<topic>/dashboard/group/<group>/``): one group.
+  partitions, messages published (and per minute lately), newest message and its groups' lag
+  and messages consumed per minute.
+* ``django_jobs_topic_dashboard`` (``<topic>/dashboard/``): the topic's throughput (a chart of
+  the last hour), its groups and settings.
+* ``django_jobs_topic_group`` (``<topic>/dashboard/group/<group>/``): one group, with a chart of
+  its messages consumed per minute.
 * ``django_jobs_topic_action`` (``<topic>/dashboard/action/<action>/``, POST): settings.
 * ``django_jobs_topic_group_action`` (``<topic>/dashboard/group/<group>/<action>/``, POST):
   pause, resume, seek, retry, skip, replay, delete (delete shows a confirmation first).
@@ -47,6 +50,7 @@ from .. import console_topics as console
 from ..exceptions import JobsError
 from ..models import Topic
 from ..spec.topics import TOPIC_COLUMNS, topic_columns, validate_topic_name
+from .charts import consumed_chart, published_chart
 from .utils import database, moment
 
 #: A group's controls and the permission (``django_jobs.<codename>``) each needs.
@@ -219,8 +223,14 @@ class TopicAdmin(admin.ModelAdmin):
                     "t": t,
                     "url": _url("django_jobs_topic_dashboard", t.name),
                     "newest": moment(t.newest_at),
+                    "rate": console.shown_rate(t.published_per_minute),
                     "groups": [
-                        {"g": g, "url": _url("django_jobs_topic_group", t.name, g.name), "dead": g.dead}
+                        {
+                            "g": g,
+                            "url": _url("django_jobs_topic_group", t.name, g.name),
+                            "dead": g.dead,
+                            "rate": console.shown_rate(g.consumed_per_minute),
+                        }
                         for g in t.groups
                     ],
                 }
@@ -240,12 +250,24 @@ class TopicAdmin(admin.ModelAdmin):
             raise Http404(f"No topic {topic!r}.")
         can_change = self.has_change_permission(request)
         config = detail.config
+        assert detail.flow is not None  # asked for (throughput=True)
         context = {
             **self._context(request, f"Topic “{topic}”"),
             "topic": detail.row,
             "newest": moment(detail.row.newest_at),
+            "rate": console.shown_rate(detail.row.published_per_minute),
+            "rate_minutes": console.RATE_MINUTES,
+            "chart": published_chart(
+                detail.flow, "topic-published", f"Messages published to {topic} per minute, last hour"
+            ),
             "groups": [
-                {"g": g, "url": _url("django_jobs_topic_group", topic, g.name), "dead": g.dead}
+                {
+                    "g": g,
+                    "url": _url("django_jobs_topic_group", topic, g.name),
+                    "dead": g.dead,
+                    "rate": console.shown_rate(g.consumed_per_minute),
+                    "hour": _count(detail.group_flows[g.name].consumed),
+                }
                 for g in detail.row.groups
             ],
             "config": [
@@ -272,7 +294,7 @@ class TopicAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         _check_name(topic)
-        if console.topic_detail(using=database(), name=topic) is None:
+        if console.topic_detail(using=database(), name=topic, throughput=False) is None:
             raise Http404(f"No topic {topic!r}.")
         form = TopicSettingsForm(request.POST)
         if not form.is_valid():
@@ -290,7 +312,8 @@ class TopicAdmin(admin.ModelAdmin):
         return self._render_group(request, topic, group)
 
     def _render_group(self, request: HttpRequest, topic: str, group: str, seek: SeekForm | None = None) -> HttpResponse:
-        detail = _group(topic, group)
+        detail = _group(topic, group, throughput=True)
+        assert detail.flow is not None  # asked for
         letters, more = console.dead_letters(using=database(), topic=topic, group=group, limit=DEAD_LETTERS_SHOWN)
         can = {a: request.user.has_perm(f"django_jobs.{p}") for a, p in GROUP_ACTIONS.items()}
         now = detail.now
@@ -300,6 +323,12 @@ class TopicAdmin(admin.ModelAdmin):
             "topic_url": _url("django_jobs_topic_dashboard", topic),
             "group": detail.row,
             "created": moment(detail.created_at),
+            "rate": console.shown_rate(detail.row.consumed_per_minute),
+            "published_rate": console.shown_rate(None if detail.published is None else detail.published.published),
+            "rate_minutes": console.RATE_MINUTES,
+            "chart": consumed_chart(
+                detail.flow, "group-consumed", f"Messages of {topic} consumed by group {group} per minute, last hour"
+            ),
             "partitions": [
                 {
                     "p": p,
@@ -338,7 +367,7 @@ class TopicAdmin(admin.ModelAdmin):
             raise PermissionDenied
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        _group(topic, group)
+        _group(topic, group, throughput=False)
         control = django_jobs.topic(topic).group(group)
         back = HttpResponseRedirect(_url("django_jobs_topic_group", topic, group))
         try:
@@ -444,10 +473,10 @@ def _check_name(name: str, what: str = "topic") -> None:
         raise Http404(f"No {what} {name!r}.") from None
 
 
-def _group(topic: str, group: str) -> console.GroupDetail:
+def _group(topic: str, group: str, *, throughput: bool) -> console.GroupDetail:
     _check_name(topic)
     _check_name(group, "group")
-    detail = console.group_detail(using=database(), topic=topic, group=group)
+    detail = console.group_detail(using=database(), topic=topic, group=group, throughput=throughput)
     if detail is None:
         raise Http404(f"No group {group!r} of topic {topic!r}.")
     return detail
@@ -466,6 +495,11 @@ def _selection(request: HttpRequest) -> list[int] | None:
     if not all(i.isdigit() and int(i) < 2**63 for i in picked):
         raise _MalformedSelection
     return [int(i) for i in picked]
+
+
+def _count(n: float) -> int:
+    """A count summed from per-minute figures, which may hold a share of a gap between snapshots."""
+    return round(n)
 
 
 def _seconds(value: float | None) -> str:

@@ -32,8 +32,8 @@ bump AS (
 ),
 cur AS (
     INSERT INTO {CURSOR_TABLE} (partition_id, topic, group_name, position, leased_at, leased_by, attempts,
-        blocked, last_error, expired_count)
-    SELECT bump.id, g.topic, g.name, 0, bump.newest_at, '', 0, false, '', 0
+        blocked, last_error, expired_count, acked_count, dead_lettered_count)
+    SELECT bump.id, g.topic, g.name, 0, bump.newest_at, '', 0, false, '', 0, 0, 0
     FROM bump JOIN {GROUP_TABLE} g ON g.topic = %(topic)s
     WHERE bump.last_position = 1
     ON CONFLICT (partition_id, group_name) DO NOTHING

@@ -141,7 +141,8 @@ def retry_blocked(topic: str, group: str, partition: str, *, using: str) -> None
 def skip_blocked(
     topic: str, group: str, partition: str, *, using: str, now: datetime | None = None, error: str = ""
 ) -> int:
-    """Unblock a partition by moving its head message to the group's dead letters; returns its id."""
+    """Unblock a partition by moving its head message to the group's dead letters (counted in the
+    cursor's ``dead_lettered_count``); returns its id."""
     d = driver(using)
     with transaction.atomic(using=using), d.cursor() as cursor:
         now = clock(d, cursor, now)
@@ -160,9 +161,10 @@ def skip_blocked(
             .order_by("position")
             .first()
         )
-        update = {"blocked": False, "attempts": 0, "retry_at": None, "last_error": ""}
+        update: dict[str, Any] = {"blocked": False, "attempts": 0, "retry_at": None, "last_error": ""}
         if head is not None:
             update["position"] = head.position
+            update["dead_lettered_count"] = models.F("dead_lettered_count") + 1
             delivered = DeliveredMessage(
                 head.id,
                 topic,

@@ -392,11 +392,21 @@ def _held(batch: Batch, *, using: str) -> Any:
 
 
 def ack_batch(batch: Batch, *, using: str) -> bool:
-    """Move the group's cursor past ``batch`` and free the partition; False (nothing changed)
-    when the lease is no longer the batch's: a late acknowledgement is refused. Inside the
-    handler's transaction (``atomic=True``) it commits with the handler's writes."""
+    """Move the group's cursor past ``batch`` and free the partition, counting its messages in
+    the cursor's ``acked_count``; False (nothing changed) when the lease is no longer the
+    batch's: a late acknowledgement is refused. Inside the handler's transaction
+    (``atomic=True``) it commits with the handler's writes."""
     done = _held(batch, using=using).update(
-        position=batch.end, lease_token=None, lease_expires_at=None, attempts=0, retry_at=None, last_error=""
+        position=batch.end,
+        lease_token=None,
+        lease_expires_at=None,
+        attempts=0,
+        retry_at=None,
+        last_error="",
+        # The group's running total, in the statement that moves the cursor anyway: counting
+        # adds no statement and no row shared by the group's workers (a per-minute counter row
+        # would serialise every acknowledgement of the group on it).
+        acked_count=models.F("acked_count") + len(batch.messages),
     )
     if not done:
         logger.warning(
@@ -439,7 +449,8 @@ def fail_batch(
     """Record a failed attempt at ``batch``. Attempts left: the partition waits out the backoff
     and the same batch is delivered again (``"retry"``). None left: with ``on_failure="block"``
     the partition stops until an operator retries or skips it (``"blocked"``); otherwise its
-    messages go to the group's dead letters and the cursor moves past them (``"dead"``).
+    messages go to the group's dead letters and the cursor moves past them, counted in its
+    ``dead_lettered_count`` (``"dead"``).
     ``"lost"``: the lease was no longer the batch's; nothing changed.
 
     ``error`` (one line, ``"ValueError: message"``) and ``traceback`` are stored encrypted when
@@ -471,7 +482,13 @@ def fail_batch(
             if done:
                 topic_event(d, cursor, "message-blocked", batch.topic, batch.group, data, now)
             return "blocked" if done else "lost"
-        done = held.update(position=batch.end, attempts=0, retry_at=None, **free)
+        done = held.update(
+            position=batch.end,
+            attempts=0,
+            retry_at=None,
+            dead_lettered_count=models.F("dead_lettered_count") + len(batch.messages),
+            **free,
+        )
         if not done:
             return "lost"
         dead_letter(

@@ -14,11 +14,13 @@ from django.utils import timezone
 import django_jobs
 
 from ..console_topics import (
+    Rates,
     dead_letters,
     group_detail,
     is_encrypted,
     shown_error,
     shown_payload,
+    shown_rate,
     topic_detail,
     topic_overview,
 )
@@ -32,7 +34,11 @@ PAYLOAD_COLUMN = 60
 
 def add_topic_parsers(sub: Any) -> None:
     """The three subcommands, on ``jobs``'s subparsers."""
-    topics = sub.add_parser("topics", help="Topics with their partitions, messages published, groups and lag.")
+    topics = sub.add_parser(
+        "topics",
+        help="Topics with their partitions, messages published, groups and lag, and messages published and "
+        "consumed per minute (last 5 minutes).",
+    )
     topics.add_argument("--json", action="store_true", dest="as_json", help="Print JSON.")
     lag = sub.add_parser("lag", help="A topic's lag per group and partition, the leases held and blocked partitions.")
     lag.add_argument("topic")
@@ -68,6 +74,7 @@ class TopicCommands:
                     "topic": t.name,
                     "partitions": t.partitions,
                     "published": t.published,
+                    "published_per_minute": _per_minute(t.rates, "published"),
                     "newest_at": t.newest_at.isoformat() if t.newest_at else None,
                     "lag": t.lag,
                     "encrypted": t.encrypted,
@@ -78,6 +85,13 @@ class TopicCommands:
                             "paused": g.paused,
                             "blocked": g.blocked,
                             "dead_letters": g.dead,
+                            "acked": g.acked,
+                            "dead_lettered": g.dead_lettered,
+                            "expired": g.expired,
+                            "consumed_per_minute": _per_minute(g.rates, "consumed"),
+                            "acked_per_minute": _per_minute(g.rates, "acked"),
+                            "dead_lettered_per_minute": _per_minute(g.rates, "dead_lettered"),
+                            "expired_per_minute": _per_minute(g.rates, "expired"),
                         }
                         for g in t.groups
                     ],
@@ -89,15 +103,27 @@ class TopicCommands:
         if not rows:
             self.stdout.write("No topics: nothing was published, no group subscribed, none is declared.")
             return
-        head = ["topic", "partitions", "published", "newest", "groups (lag)", "total lag", "encrypted"]
+        head = [
+            "topic",
+            "partitions",
+            "published",
+            "published/min",
+            "newest",
+            "groups (lag)",
+            "total lag",
+            "consumed/min",
+            "encrypted",
+        ]
         body = [
             [
                 t.name,
                 str(t.partitions),
                 str(t.published),
+                shown_rate(t.published_per_minute),
                 moment(t.newest_at),
                 ", ".join(_group_cell(g) for g in t.groups) or "-",
                 str(t.lag),
+                ", ".join(f"{g.name} {shown_rate(g.consumed_per_minute)}" for g in t.groups) or "-",
                 "yes" if t.encrypted else "no",
             ]
             for t in rows
@@ -107,7 +133,7 @@ class TopicCommands:
     def do_lag(self, topic: str, group: str | None = None, partition: str | None = None, as_json: bool = False,
                **_: Any) -> None:  # fmt: skip
         _check(topic, "topic")
-        detail = topic_detail(using=self.using, name=topic)
+        detail = topic_detail(using=self.using, name=topic, throughput=False)
         if detail is None:
             raise CommandError(f"No topic {topic!r}.")
         names = [g.name for g in detail.row.groups]
@@ -119,7 +145,7 @@ class TopicCommands:
         now = timezone.now()
         groups = []
         for name in names:
-            found = group_detail(using=self.using, topic=topic, group=name, now=now)
+            found = group_detail(using=self.using, topic=topic, group=name, now=now, throughput=False)
             assert found is not None  # listed just above; a group is never deleted
             parts = [p for p in found.partitions if partition is None or p.partition == partition]
             groups.append((found, parts))
@@ -183,7 +209,7 @@ class TopicCommands:
         _check(group, "group")
         if limit < 1:
             raise CommandError(f"--limit must be >= 1; got {limit}.")
-        if group_detail(using=self.using, topic=topic, group=group) is None:
+        if group_detail(using=self.using, topic=topic, group=group, throughput=False) is None:
             raise CommandError(f"No group {group!r} of topic {topic!r}.")
         control = django_jobs.topic(topic).group(group)
         for verb in ("replay", "delete"):
@@ -257,6 +283,11 @@ def _group_cell(g: Any) -> str:
         f for f, on in (("paused", g.paused), (f"{g.blocked} blocked", g.blocked), (f"{g.dead} dead", g.dead)) if on
     ]
     return f"{g.name} ({g.lag}{', ' + ', '.join(flags) if flags else ''})"
+
+
+def _per_minute(rates: Rates | None, name: str) -> float | None:
+    """A rate for ``--json``: to two decimals, None when unknown (no snapshot a minute old)."""
+    return None if rates is None else round(getattr(rates, name), 2)
 
 
 def _line(text: str, limit: int = 60) -> str:

@@ -10,7 +10,17 @@ from .lease import Lease
 from .log import JobLog, JobLogQuerySet
 from .queue import JobStart, QueueState, QueueStateQuerySet, declared_queues, known_queues, queue_exists
 from .schedule import CatchUp, Schedule
-from .topic import ConsumerGroup, DeadLetter, DeadLetterState, GroupCursor, Message, Topic, TopicPartition
+from .topic import (
+    ConsumerGroup,
+    DeadLetter,
+    DeadLetterState,
+    GroupCursor,
+    Message,
+    Topic,
+    TopicMetric,
+    TopicMetricQuerySet,
+    TopicPartition,
+)
 from .worker import Worker, WorkerQuerySet
 
 __all__ = [
@@ -38,6 +48,8 @@ __all__ = [
     "GroupCursor",
     "Message",
     "Topic",
+    "TopicMetric",
+    "TopicMetricQuerySet",
     "TopicPartition",
     "Schedule",
     "Worker",

@@ -11,11 +11,15 @@ progress.
 * :class:`GroupCursor`: a group's progress in one partition (queen's ``partition_leases``):
   the last position it consumed, and the lease (token, expiry) of the batch being processed.
 * :class:`DeadLetter`: a message a group gave up on, with its error.
+* :class:`TopicMetric`: a topic's and each group's running totals (published; acknowledged,
+  dead-lettered, expired), recorded once a minute: throughput is the difference of two.
 
 Writes go through :mod:`django_jobs.engine.topics`.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
@@ -137,7 +141,13 @@ class GroupCursor(models.Model):
     #: on_failure="block": the partition waits for an operator.
     blocked = models.BooleanField(default=False)
     last_error = models.TextField(blank=True, default="")
+    #: What the group consumed in this partition, running totals that never go down (a seek
+    #: moves ``position``, not these): messages skipped past ``max_wait``, acknowledged, and
+    #: given up to the dead letters. Each is bumped by the statement that moves the cursor, on
+    #: this row the consumer updates anyway: counting adds no statement and no shared row.
     expired_count = models.BigIntegerField(default=0)
+    acked_count = models.BigIntegerField(default=0)
+    dead_lettered_count = models.BigIntegerField(default=0)
 
     class Meta:
         db_table = "django_jobs_group_cursor"
@@ -195,3 +205,52 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic}/{self.group_name} dead letter {self.id}"
+
+
+class TopicMetricQuerySet(models.QuerySet):
+    """The reads of the throughput figures (admin, ``manage.py jobs topics``)."""
+
+    def since(self, since: datetime, *, topic: str | None = None) -> models.QuerySet:
+        """The rows of minutes from ``since`` on (of one topic or all), by series then minute,
+        through the unique index (one topic) or the minute index (all)."""
+        rows = self.filter(minute__gte=since)
+        if topic is not None:
+            rows = rows.filter(topic=topic)
+        return rows.order_by("topic", "group_name", "minute")
+
+
+class TopicMetric(models.Model):
+    """The running totals of a topic (``group_name`` "") or of one of its groups at one moment
+    of one minute, written by the worker's :class:`~django_jobs.services.TopicRecorder` at most
+    once per (topic, group, minute) (a unique constraint decides between two writers).
+
+    A topic's row holds ``published`` (its partitions' last positions summed); a group's row
+    the sums of its cursors' counters (``acked``, ``dead_lettered``, ``expired``; ``published``
+    is 0). Messages per minute are the differences of consecutive rows of a series, over the
+    time between their ``taken_at``. The pruner deletes rows older than ``METRICS_KEEP_DAYS``.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    topic = models.CharField(max_length=100)
+    #: "": the topic itself (its published total); else a consumer group.
+    group_name = models.CharField(max_length=100, blank=True, default="")
+    minute = models.DateTimeField()
+    #: When the totals were read (the database's clock on PostgreSQL), within ``minute``.
+    taken_at = models.DateTimeField()
+    published = models.BigIntegerField(default=0)
+    acked = models.BigIntegerField(default=0)
+    dead_lettered = models.BigIntegerField(default=0)
+    expired = models.BigIntegerField(default=0)
+
+    objects = TopicMetricQuerySet.as_manager()
+
+    class Meta:
+        db_table = "django_jobs_topic_metric"
+        ordering = ("topic", "group_name", "minute")
+        constraints = [
+            models.UniqueConstraint(fields=["topic", "group_name", "minute"], name="django_jobs_topic_metric_minute")
+        ]
+        indexes = [models.Index(fields=["minute"], name="django_jobs_tmetric_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.group_name or '(published)'} {self.minute:%Y-%m-%d %H:%M}"

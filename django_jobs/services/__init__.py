@@ -7,5 +7,16 @@ from .promoter import Promoter
 from .pruner import Pruner
 from .rescuer import Reaper, Rescuer
 from .scheduler import Scheduler
+from .topics import TopicRecorder
 
-__all__ = ["DedupSweeper", "PartitionSweeper", "Promoter", "Pruner", "Reaper", "Rescuer", "Scheduler", "Service"]
+__all__ = [
+    "DedupSweeper",
+    "PartitionSweeper",
+    "Promoter",
+    "Pruner",
+    "Reaper",
+    "Rescuer",
+    "Scheduler",
+    "Service",
+    "TopicRecorder",
+]

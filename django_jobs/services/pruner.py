@@ -7,6 +7,7 @@ from typing import Any
 from django.utils import timezone
 
 from .. import engine
+from ..engine.topic_metrics import trim_topic_metrics
 from ..models import known_queues
 from ..spec import retention
 from .base import Service
@@ -15,14 +16,16 @@ from .base import Service
 class Pruner(Service):
     """Keeps history bounded: deletes finished jobs whose retention ended (``purge_at``, set when
     they finished), jobs beyond a count limit (per queue, per task), events beyond
-    ``EVENTS_MAX_PER_QUEUE`` per queue and Metric rows older than ``METRICS_KEEP_DAYS``.
+    ``EVENTS_MAX_PER_QUEUE`` per queue, and Metric and TopicMetric rows older than
+    ``METRICS_KEEP_DAYS``.
 
     Each batch of ``PRUNE_BATCH_SIZE`` rows is its own short transaction and locks only the
     rows it deletes (SKIP LOCKED), so workers are never held up; one run stops after about a
     second and the next run goes on. Unfinished jobs are never touched. Leader only; runs every
     ``PRUNE_INTERVAL``.
 
-    Counts: ``jobs`` (expired), ``over_count`` (beyond a count limit), ``events``, ``metrics``.
+    Counts: ``jobs`` (expired), ``over_count`` (beyond a count limit), ``events``, ``metrics``,
+    ``topic_metrics``.
     """
 
     name = "pruner"
@@ -34,7 +37,7 @@ class Pruner(Service):
     def run_once(self, now: datetime | None = None) -> dict[str, int]:
         batch = self.settings.PRUNE_BATCH_SIZE
         deadline = time.monotonic() + self.budget
-        counts = {"jobs": 0, "over_count": 0, "events": 0, "metrics": 0}
+        counts = {"jobs": 0, "over_count": 0, "events": 0, "metrics": 0, "topic_metrics": 0}
 
         def repeat(step: Any) -> int:
             """Run ``step`` batch after batch while it deletes full batches and time is left."""
@@ -59,6 +62,7 @@ class Pruner(Service):
         )
         oldest = (now or timezone.now()) - timedelta(days=self.settings.METRICS_KEEP_DAYS)
         counts["metrics"] = repeat(lambda: engine.trim_metrics(using=self.using, older_than=oldest, limit=batch))
+        counts["topic_metrics"] = repeat(lambda: trim_topic_metrics(using=self.using, older_than=oldest, limit=batch))
         return counts
 
     def _count_limits(self) -> list[tuple[str, str, int, str | None, list[str]]]:

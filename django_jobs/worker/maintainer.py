@@ -25,7 +25,7 @@ from ..db import is_transient
 from ..exceptions import WorkerCrashed
 from ..queues import sync_queues
 from ..schedules import declared_schedules, sync_schedules
-from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler
+from ..services import DedupSweeper, PartitionSweeper, Promoter, Pruner, Reaper, Rescuer, Scheduler, TopicRecorder
 from .holdings import Leases
 from .trouble import close_connection, crashed, db_trouble
 
@@ -118,6 +118,7 @@ class Maintainer:
             DedupSweeper(**common, interval=s.PROMOTE_INTERVAL),
             PartitionSweeper(**common, interval=s.PROMOTE_INTERVAL),
             Scheduler(**common, interval=s.PROMOTE_INTERVAL),
+            TopicRecorder(**common, interval=s.PROMOTE_INTERVAL),
             Pruner(**common, interval=s.PRUNE_INTERVAL),
         ]
         is_leader = False

@@ -24,7 +24,7 @@ from django.utils import timezone
 import django_jobs
 from django_jobs import Dedup, engine, flow
 from django_jobs.exceptions import InvalidTaskOptions
-from django_jobs.models import Event, Job, JobDependency, JobLog, Metric
+from django_jobs.models import Event, Job, JobDependency, JobLog, Metric, TopicMetric
 from django_jobs.models.dedup import JobDedup
 from django_jobs.retention import DEFAULT_AGE
 from django_jobs.testing import drain_queue
@@ -445,7 +445,7 @@ def test_age_and_count_together():
         for i in range(4):
             run(tasks_console.ok, i, queue="r-both")
         assert all(kept_for(j) is not None for j in Job.objects.filter(queue="r-both").values_list("id", flat=True))
-        assert prune() == {"jobs": 0, "over_count": 1, "events": 0, "metrics": 0}
+        assert prune() == {"jobs": 0, "over_count": 1, "events": 0, "metrics": 0, "topic_metrics": 0}
         assert Job.objects.filter(queue="r-both").count() == 3
         assert prune(now=timezone.now() + timedelta(hours=2))["jobs"] == 3
     assert not Job.objects.filter(queue="r-both").exists()
@@ -661,9 +661,16 @@ def test_a_pruner_running_while_workers_finish_jobs_loses_no_unfinished_job(thre
 def test_manage_py_jobs_prune_runs_the_pruner_once_and_says_what_it_deleted():
     finished_expired(3, "r-cmd")
     Metric.objects.create(queue="r-cmd-old", minute=timezone.now() - timedelta(days=30), completed=1)
+    # Topic snapshots are kept as long as the job metrics (METRICS_KEEP_DAYS, 7 by default).
+    for days, group in ((8, "old"), (8, ""), (6, "kept")):
+        moment = (timezone.now() - timedelta(days=days)).replace(second=0, microsecond=0)
+        TopicMetric.objects.create(topic="t-cmd", group_name=group, minute=moment, taken_at=moment, acked=1)
     out = io.StringIO()
     call_command("jobs", "prune", stdout=out)
-    assert out.getvalue().strip() == ("Deleted 3 expired job(s), 0 over a count limit, 0 event(s) and 1 metric row(s).")
+    assert out.getvalue().strip() == (
+        "Deleted 3 expired job(s), 0 over a count limit, 0 event(s), 1 metric row(s) and 2 topic metric row(s)."
+    )
+    assert list(TopicMetric.objects.values_list("group_name", flat=True)) == ["kept"]
     assert not Job.objects.filter(queue="r-cmd").exists()
 
 

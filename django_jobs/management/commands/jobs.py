@@ -327,7 +327,8 @@ class Command(TopicCommands, BaseCommand):
         counts = pruner.run_once()
         self._done(
             f"Deleted {counts['jobs']} expired job(s), {counts['over_count']} over a count limit, "
-            f"{counts['events']} event(s) and {counts['metrics']} metric row(s)."
+            f"{counts['events']} event(s), {counts['metrics']} metric row(s) and {counts['topic_metrics']} topic "
+            "metric row(s)."
         )
 
     # -- encryption -------------------------------------------------------------------------------
