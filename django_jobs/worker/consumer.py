@@ -128,18 +128,75 @@ def _logged(exc: BaseException, encrypted: bool) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class _Threads:
+    """The threads of one subscriber and which of them wait for work. A wake-up goes to one
+    waiting thread; with none waiting it is kept (``pending``) for the next thread about to
+    wait, which then looks again instead: a message committed while every thread was busy is
+    not left to the poll interval."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[threading.Event] = []
+        self._pending = False
+
+    def wake_one(self) -> None:
+        with self._lock:
+            if self._waiting:
+                self._waiting.pop().set()
+            else:
+                self._pending = True
+
+    def wake_all(self) -> None:
+        """Every thread looks again (their events are set by the caller)."""
+        with self._lock:
+            self._pending = True
+            self._waiting.clear()
+
+    def wait(self, event: threading.Event, timeout: float) -> None:
+        """Wait on ``event`` (this thread's) up to ``timeout`` seconds, unless a wake-up is pending."""
+        with self._lock:
+            if self._pending:
+                self._pending = False
+                return
+            event.clear()
+            self._waiting.append(event)
+        event.wait(timeout)
+        with self._lock:
+            if event in self._waiting:
+                self._waiting.remove(event)
+
+
 class _Wake:
-    """Wakes every consumer thread at once (what the listener calls ``set`` on)."""
+    """Wakes consumer threads. A topic's NOTIFY (``set_for``) wakes one waiting thread of each
+    subscriber of that topic, and a thread that then takes a batch wakes one more of its
+    subscriber's (:meth:`_Threads.wake_one`), so a burst fans out over the threads while a
+    trickle of messages wakes one thread each, not every thread of every topic. ``set`` (the
+    listener (re)connected: notifications may have been missed; the worker stops) wakes all."""
 
     def __init__(self) -> None:
         self.events: list[threading.Event] = []
+        self._threads: list[_Threads] = []
+        self._by_topic: dict[str, list[_Threads]] = {}
+
+    def group(self, topic: str) -> _Threads:
+        """A new subscriber's thread set, woken by ``topic``'s notifications."""
+        threads = _Threads()
+        self._threads.append(threads)
+        self._by_topic.setdefault(TOPIC_NOTIFY_PREFIX + topic, []).append(threads)
+        return threads
 
     def new(self) -> threading.Event:
         event = threading.Event()
         self.events.append(event)
         return event
 
+    def set_for(self, payload: str) -> None:
+        for threads in self._by_topic.get(payload, ()):
+            threads.wake_one()
+
     def set(self) -> None:
+        for threads in self._threads:
+            threads.wake_all()
         for event in self.events:
             event.set()
 
@@ -173,10 +230,11 @@ class Consumer:
 
     def start(self) -> list[threading.Thread]:
         for sub in self.subscribers:
+            threads = self.wake.group(sub.topic)
             for i in range(sub.concurrency):
                 event = self.wake.new()
                 t = threading.Thread(
-                    target=self._loop, args=(sub, event), name=f"jobs-topic-{sub.name}-{i}", daemon=True
+                    target=self._loop, args=(sub, event, threads), name=f"jobs-topic-{sub.name}-{i}", daemon=True
                 )
                 self._threads.append(t)
         renewer = threading.Thread(target=self._renew_loop, name="jobs-topic-renewer", daemon=True)
@@ -205,7 +263,7 @@ class Consumer:
 
     # -- one subscriber thread ------------------------------------------------------------------------
 
-    def _loop(self, sub: Subscriber, wake: threading.Event) -> None:
+    def _loop(self, sub: Subscriber, wake: threading.Event, threads: _Threads) -> None:
         config: bus.TopicConfig | None = None
         config_at = housekeeping_at = 0.0
         failures = 0
@@ -226,6 +284,7 @@ class Consumer:
                     config=config,
                 )
                 if batch is not None:
+                    threads.wake_one()  # there may be more: a sibling looks too
                     self._handle(sub, batch, config)
                     failures = 0
                     continue
@@ -236,8 +295,7 @@ class Consumer:
                     self._replay(sub, replay)
                     continue
                 failures = 0
-                wake.wait(self.sleep * random.uniform(0.8, 1.2))
-                wake.clear()
+                threads.wait(wake, self.sleep * random.uniform(0.8, 1.2))
             except DatabaseError as exc:
                 failures += 1
                 logger.warning(

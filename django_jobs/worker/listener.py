@@ -62,7 +62,12 @@ class Listener(threading.Thread):
                         if note.payload.startswith(CANCEL_PREFIX):
                             self._cancelled(note.payload)
                         elif self.queues is None or note.payload in self.queues:
-                            self.wake.set()
+                            # A waker that tells notifications apart (bus mode's) is told which.
+                            set_for = getattr(self.wake, "set_for", None)
+                            if set_for is not None:
+                                set_for(note.payload)
+                            else:
+                                self.wake.set()
                         if self.stopping.is_set():
                             break
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect after a pause
