@@ -201,3 +201,15 @@ def in_process_command() -> Iterator[Callable[..., str]]:
         signal.signal(s, handler)
     for lg, level in zip(loggers, saved_levels, strict=True):
         lg.setLevel(level)
+
+
+@pytest.fixture
+def registry():
+    """Bus-mode subscribers declared by a test are forgotten after it (other tests' workers run
+    every declared one)."""
+    from django_jobs.spec import topics as spec
+
+    saved = dict(spec._registry)
+    yield
+    spec._registry.clear()
+    spec._registry.update(saved)

@@ -21,15 +21,6 @@ from django_jobs.spec.settings import settings_problems
 from tests.conftest import wait_until
 
 
-@pytest.fixture
-def registry():
-    """Subscribers declared by a test are forgotten after it (other tests' workers run all)."""
-    saved = dict(spec._registry)
-    yield
-    spec._registry.clear()
-    spec._registry.update(saved)
-
-
 def handler(message, context):
     return None
 

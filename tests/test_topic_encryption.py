@@ -24,7 +24,6 @@ from django_jobs.conf import get_settings
 from django_jobs.engine import topics as bus
 from django_jobs.exceptions import EncryptionKeysMissing, InvalidArgumentValue, InvalidTopicSetting, PayloadTooLarge
 from django_jobs.models import DeadLetter, GroupCursor, Message, TopicPartition
-from django_jobs.spec import topics as spec
 from django_jobs.spec.encryption import SHOWN, decrypt_json, decrypt_text, is_encrypted, is_encrypted_text
 from django_jobs.spec.settings import settings_problems
 from tests.conftest import wait_until
@@ -41,15 +40,6 @@ db = pytest.mark.django_db
 def key_a():
     with keys(KEY_A):
         yield
-
-
-@pytest.fixture
-def registry():
-    """Subscribers declared by a test are forgotten after it (other tests' workers run all)."""
-    saved = dict(spec._registry)
-    yield
-    spec._registry.clear()
-    spec._registry.update(saved)
 
 
 def raw(table: str, column: str, row_id: int) -> str:

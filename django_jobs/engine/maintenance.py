@@ -180,11 +180,17 @@ def trim_events(*, using: str, keep: int, limit: int) -> int:
 
 def trim_metrics(*, using: str, older_than: datetime, limit: int) -> int:
     """Delete up to ``limit`` Metric rows of minutes before ``older_than``; return how many."""
+    return trim_minutes(METRIC_TABLE, using=using, older_than=older_than, limit=limit)
+
+
+def trim_minutes(table: str, *, using: str, older_than: datetime, limit: int) -> int:
+    """Delete up to ``limit`` rows of ``table`` (a per-minute table: Metric, TopicMetric) whose
+    ``minute`` is before ``older_than``, oldest first; return how many."""
     d = driver(using)
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {METRIC_TABLE} WHERE "
-            + d.id_in(f"SELECT id FROM {METRIC_TABLE} WHERE minute < %s ORDER BY minute LIMIT %s"),
+            f"DELETE FROM {table} WHERE "
+            + d.id_in(f"SELECT id FROM {table} WHERE minute < %s ORDER BY minute LIMIT %s"),
             [d.dt(older_than), limit],
         )
         return cursor.rowcount

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Sum
 
 from ..drivers import driver
 from ..models import GroupCursor, TopicMetric, TopicPartition
+from .maintenance import trim_minutes
 from .topics import clock
 
 TOPIC_METRIC_TABLE = TopicMetric._meta.db_table
@@ -85,14 +86,7 @@ def record_topic_totals(*, using: str, now: datetime | None = None) -> Snapshot:
 
 def trim_topic_metrics(*, using: str, older_than: datetime, limit: int) -> int:
     """Delete up to ``limit`` TopicMetric rows of minutes before ``older_than``; return how many."""
-    d = driver(using)
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {TOPIC_METRIC_TABLE} WHERE "
-            + d.id_in(f"SELECT id FROM {TOPIC_METRIC_TABLE} WHERE minute < %s ORDER BY minute LIMIT %s"),
-            [d.dt(older_than), limit],
-        )
-        return cursor.rowcount
+    return trim_minutes(TOPIC_METRIC_TABLE, using=using, older_than=older_than, limit=limit)
 
 
 __all__ = ["TOPIC_METRIC_TABLE", "Snapshot", "record_topic_totals", "trim_topic_metrics"]
