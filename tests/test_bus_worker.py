@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 
 import django_jobs
 from django_jobs.models import DeadLetter, Job, Message
-from tests.conftest import read_log, wait_until
+from tests.conftest import read_log, stop_process, wait_until
 from tests.tasks import read_records
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -86,7 +86,7 @@ def test_a_worker_stopped_past_its_lease_has_its_late_ack_refused(bus_worker, pr
     publish("orders", probe, range(1, 4), hold=release)
     first = bus_worker("orders")
     wait_until(lambda: [r["n"] for r in delivered(probe, "billing")] == [1, 2], timeout=60, message="first batch")
-    os.kill(first.pid, signal.SIGSTOP)
+    stop_process(first)  # stopped for sure before the handler can see the release file
     try:
         Path(release).touch()
         second = bus_worker("orders")
