@@ -29,7 +29,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
@@ -108,6 +108,7 @@ class Consumer:
         self._held: dict[Any, tuple[bus.Batch, float]] = {}
         self._held_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._local = threading.local()  # per subscriber thread: the connection its limit was set on
         self.handled = 0
 
     @property
@@ -157,6 +158,7 @@ class Consumer:
                 if config is None or time.monotonic() - config_at > CONFIG_TTL:
                     bus.ensure_group(sub.topic, sub.group, start_from=sub.start_from, using=self.using)
                     config, config_at = bus.topic_config(sub.topic, using=self.using), time.monotonic()
+                self._limit_idle_transactions(config.lease_seconds)
                 if time.monotonic() - housekeeping_at > HOUSEKEEPING_SECONDS:
                     self._housekeeping(sub)
                     housekeeping_at = time.monotonic()
@@ -193,6 +195,21 @@ class Consumer:
                 self.stopping.wait(1.0)
             finally:
                 close_old_connections()
+
+    def _limit_idle_transactions(self, lease: float) -> None:
+        """Bound every transaction of this thread's connection (the takes, the failures, an
+        ``atomic=True`` handler's) to ``lease`` seconds idle: a worker stopped in the middle of
+        one (SIGSTOP, a VM pause) would otherwise keep its row locks until it resumes, and the
+        cursor rows it locked are skipped by every other worker's take (SKIP LOCKED), however long
+        ago their lease expired. The database ends the session instead, and rolls it back. Set
+        once per connection, and again when the topic's lease changes."""
+        conn = connections[self.using]
+        conn.ensure_connection()
+        state = self._local
+        if getattr(state, "connection", None) is conn.connection and getattr(state, "lease", None) == lease:
+            return
+        driver(self.using).limit_idle_transactions(lease)
+        state.connection, state.lease = conn.connection, lease
 
     def _housekeeping(self, sub: Subscriber) -> None:
         """Cursors for partitions created while the group registered, and retention."""
