@@ -121,6 +121,33 @@ def stopped_itself(marker: Path, workers) -> tuple[subprocess.Popen, float]:
 TAKEOVER_MARGIN = 3.0
 
 
+@pytest.mark.needs("ROW_LOCKS")  # SQLite: a stopped process may hold the database's one write lock
+def test_an_idle_worker_takes_a_stopped_workers_batch_over_within_the_lease_and_a_poll(worker_process, probe, tmp_path):
+    # The default poll interval, no NOTIFY for an expiry: the lease runs out at most `lease`
+    # after the stop (the renewer renewed it at most then), and an idle worker looks within a poll.
+    lease, poll = 3, 1.0
+    django_jobs.topic("takeover").configure(lease=lease)
+    args = ("-q", "no-jobs-here", "--sleep", str(poll), "--grace", "2", "--topics", "takeover")
+    workers = [worker_process(*args, env=BUS), worker_process(*args, env=BUS)]
+    wait_until(lambda: "started" in read_log(workers[0]) and "started" in read_log(workers[1]), timeout=60)
+    release = tmp_path / "release"
+    publish("takeover", probe, range(1, 4), hold=str(release))
+    wait_until(lambda: [r["n"] for r in delivered(probe)] == [1, 2], timeout=30, message="the first batch")
+    holder = next(w for w in workers if w.pid == delivered(probe)[0]["pid"])
+    stop_process(holder)
+    stopped_at = time.monotonic()
+    try:
+        release.touch()
+        wait_until(lambda: len(delivered(probe)) >= 4, timeout=30, message="the takeover")
+        again = delivered(probe)[2]
+        assert (again["n"], again["attempt"]) == (1, 2) and again["pid"] != holder.pid
+        took = again["t"] - stopped_at
+        assert took < lease + 1.2 * poll + TAKEOVER_MARGIN, f"taken over {took:.1f}s after the stop"
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    wait_until(lambda: consumed("takeover", "relay"), timeout=30)
+
+
 # On SQLite a stopped process may hold the database's one write lock; MySQL (not MariaDB) has no
 # idle transaction timeout, and fails these.
 @pytest.mark.needs("ROW_LOCKS")
