@@ -7,7 +7,9 @@ batch) or record the failure (retry after backoff, dead letter or block). With n
 it runs one dead letter an operator asked to replay, then sleeps until a NOTIFY for the topic
 (PostgreSQL) or the jittered poll interval. A renewer thread extends the leases of the batches
 being handled; a worker killed mid-batch stops renewing, its lease expires, and the next worker
-to take the partition gets the same batch, in order.
+to take the partition gets the same batch, in order. Each subscriber thread has the database end
+its session when a transaction of it stays idle longer than the topic's lease, so that a worker
+stopped mid-transaction does not keep its locks, and the partition, from the other workers.
 
 ``atomic=True``: the handler runs inside a transaction on the jobs database, and the
 acknowledgement is the transaction's last statement; when it is refused (the lease was lost)
