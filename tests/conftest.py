@@ -176,6 +176,20 @@ def read_log(proc: subprocess.Popen) -> str:
     return Path(proc.log_path).read_text()  # type: ignore[attr-defined]
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGSTOP ``proc`` (a child of this process) and return once it has stopped.
+
+    ``kill()`` returns before a multi-threaded process stops: the thread the signal was queued
+    to starts the group stop when it next runs, and until then the other threads go on. On a
+    loaded machine that is tens to hundreds of milliseconds, time enough for a handler to see a
+    file the test creates "after" the stop and acknowledge its batch. ``waitpid(WUNTRACED)``
+    returns once every thread has stopped."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    if not os.WIFSTOPPED(status):
+        raise AssertionError(f"process {proc.pid} ended instead of stopping (wait status {status})")
+
+
 @pytest.fixture
 def in_process_command() -> Iterator[Callable[..., str]]:
     """Run runworker in this process (``run(*args)``, its stdout returned) and undo what it

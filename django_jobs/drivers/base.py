@@ -145,6 +145,15 @@ class Driver(TopicVerbs):
     def in_list(self, column: str, values: list[Any]) -> tuple[str, list[Any]]:
         return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 
+    # -- sessions ------------------------------------------------------------------------------
+
+    def limit_idle_transactions(self, seconds: float) -> None:
+        """Have the database end this connection's session (rolling its transaction back and
+        releasing its locks) when a transaction stays idle, waiting for the client's next
+        statement, longer than ``seconds``: a process stopped in the middle of a transaction
+        (SIGSTOP, a VM or GC pause) then holds its row locks that long at most. Nothing where
+        the database has no such setting (SQLite; MySQL, where MariaDB has one)."""
+
     # -- SQL fragments ------------------------------------------------------------------------
 
     def json_append(self, column: str, value_sql: str) -> str:

@@ -15,6 +15,7 @@ table being changed is refused, so :meth:`MySQLDriver.id_in` reads ids through a
 from __future__ import annotations
 
 import contextlib
+import math
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -170,6 +171,14 @@ class MySQLDriver(Driver):
             cursor.execute(f"UPDATE {table} SET {set_sql} WHERE id IN ({_marks(len(ids))})", [*set_params, *ids])
             cursor.execute(f"SELECT {returning} FROM {table} WHERE id IN ({_marks(len(ids))})", ids)
             return list(cursor.fetchall())
+
+    # -- sessions -----------------------------------------------------------------------------------
+
+    def limit_idle_transactions(self, seconds: float) -> None:
+        if not self.connection.mysql_is_mariadb:
+            return  # MySQL has no such setting: a stopped worker keeps its locks until it resumes
+        with self.connection.cursor() as cursor:  # whole seconds, at least 1
+            cursor.execute("SET SESSION idle_transaction_timeout = %s", [max(1, math.ceil(seconds))])
 
     # -- topics -------------------------------------------------------------------------------------
 

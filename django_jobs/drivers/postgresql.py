@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -71,6 +72,14 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
 
     def in_list(self, column: str, values: list[Any]) -> tuple[str, list[Any]]:
         return f"{column} = ANY(%s)", [list(values)]
+
+    def limit_idle_transactions(self, seconds: float) -> None:
+        # set_config() rather than SET, which takes no parameter; for the session (a pooler in
+        # transaction mode would hand the setting to other clients: run workers on a session pool).
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", [str(math.ceil(seconds * 1000))]
+            )
 
     def json_append(self, column: str, value_sql: str) -> str:
         return f"({column} || jsonb_build_array({value_sql}))"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -259,22 +259,28 @@ def acquire_batch(
     d = driver(using)
     started = time.monotonic()
     batch = _acquire(d, topic, group, batch_size=batch_size, worker_id=worker_id, using=using, config=config, now=now)
-    if batch is not None and time.monotonic() - started >= config.lease_seconds * STALE_TAKE:
-        # The take's lease was reckoned from the clock it read first; this process then stalled
-        # (SIGSTOP, a long pause) for much of the lease, which may have run out before the batch
-        # is handed out: another worker may take it over at once, and two would run one batch.
-        # Give it back unrun (guarded on the token: a no-op if it was taken over already).
-        release_batch(batch, using=using)
+    took = time.monotonic() - started
+    if batch is None or took < config.lease_seconds * RENEW_AFTER:
+        return batch
+    # The lease was reckoned from the clock read at the take's start, and the take then lasted a
+    # good part of it (a slow database, a loaded or paused process), perhaps all of it: renew it
+    # before the batch is handed out, as the worker's renewer would. The renewal is guarded on
+    # the token, so a lease that ran out and was taken over meanwhile is found out, and the batch
+    # is given up unrun rather than run by two workers at once.
+    expires = renew_batch_lease(batch, lease_seconds=config.lease_seconds, using=using, now=now)
+    if expires is None:
         logger.warning(
-            "Topic %s group %s: taking partition %s's batch took %.1fs of its %gs lease; given back unrun.",
-            topic, group, batch.partition, time.monotonic() - started, config.lease_seconds,
+            "Topic %s group %s: taking partition %s's batch took %.1fs of its %gs lease, which ran out: another "
+            "worker has it; given up unrun.",
+            topic, group, batch.partition, took, config.lease_seconds,
         )  # fmt: skip
         return None
-    return batch
+    return replace(batch, lease_expires_at=expires)
 
 
-#: A take that lasted this share of the lease gives its batch back (see acquire_batch).
-STALE_TAKE = 0.8
+#: A lease is renewed once this share of it has run: by the worker's renewer while the handler
+#: runs, and by acquire_batch when the take itself lasted that long.
+RENEW_AFTER = 1 / 3
 
 
 def _acquire(
@@ -421,12 +427,16 @@ def ack_batch(batch: Batch, *, using: str) -> bool:
     return bool(done)
 
 
-def renew_batch_lease(batch: Batch, *, lease_seconds: float, using: str, now: datetime | None = None) -> bool:
-    """Extend a held batch's lease; False when it is no longer the batch's."""
+def renew_batch_lease(
+    batch: Batch, *, lease_seconds: float, using: str, now: datetime | None = None
+) -> datetime | None:
+    """Extend a held batch's lease to ``lease_seconds`` from now: the new expiry, or None when
+    the lease is no longer the batch's (it was taken over, or an operator moved the cursor)."""
     d = driver(using)
     with d.cursor() as cursor:
         now = clock(d, cursor, now)
-    return bool(_held(batch, using=using).update(lease_expires_at=now + timedelta(seconds=lease_seconds)))
+    expires = now + timedelta(seconds=lease_seconds)
+    return expires if _held(batch, using=using).update(lease_expires_at=expires) else None
 
 
 def release_batch(batch: Batch, *, using: str) -> bool:
@@ -532,6 +542,7 @@ def dead_letter(
 
 
 __all__ = [
+    "RENEW_AFTER",
     "Batch",
     "DeliveredMessage",
     "TopicConfig",

@@ -7,7 +7,9 @@ batch) or record the failure (retry after backoff, dead letter or block). With n
 it runs one dead letter an operator asked to replay, then sleeps until a NOTIFY for the topic
 (PostgreSQL) or the jittered poll interval. A renewer thread extends the leases of the batches
 being handled; a worker killed mid-batch stops renewing, its lease expires, and the next worker
-to take the partition gets the same batch, in order.
+to take the partition gets the same batch, in order. Each subscriber thread has the database end
+its session when a transaction of it stays idle longer than the topic's lease, so that a worker
+stopped mid-transaction does not keep its locks, and the partition, from the other workers.
 
 Encrypted messages (a payload that is an envelope, ``spec.encryption``) are decrypted here, just
 before the handler runs, whatever the topic's setting is now; the engine stores and copies them
@@ -33,10 +35,9 @@ import time
 import traceback
 from collections.abc import Iterable
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
@@ -219,9 +220,11 @@ class Consumer:
         self.stopping = stopping
         self.sleep = sleep
         self.wake = _Wake()
-        self._held: dict[Any, tuple[bus.Batch, float]] = {}
+        # token -> (batch, lease seconds, when to renew it on this process's monotonic clock)
+        self._held: dict[Any, tuple[bus.Batch, float, float]] = {}
         self._held_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._local = threading.local()  # per subscriber thread: the connection its limit was set on
         self.handled = 0
 
     @property
@@ -270,11 +273,14 @@ class Consumer:
         while not self.stopping.is_set():
             try:
                 if config is None or time.monotonic() - config_at > CONFIG_TTL:
-                    bus.ensure_group(sub.topic, sub.group, start_from=sub.start_from, using=self.using)
                     config, config_at = bus.topic_config(sub.topic, using=self.using), time.monotonic()
+                    self._limit_idle_transactions(config.lease_seconds)
+                    bus.ensure_group(sub.topic, sub.group, start_from=sub.start_from, using=self.using)
+                self._limit_idle_transactions(config.lease_seconds)
                 if time.monotonic() - housekeeping_at > HOUSEKEEPING_SECONDS:
                     self._housekeeping(sub)
                     housekeeping_at = time.monotonic()
+                asked = time.monotonic()  # the lease runs from no earlier than this
                 batch = bus.acquire_batch(
                     sub.topic,
                     sub.group,
@@ -285,7 +291,7 @@ class Consumer:
                 )
                 if batch is not None:
                     threads.wake_one()  # there may be more: a sibling looks too
-                    self._handle(sub, batch, config)
+                    self._handle(sub, batch, config, asked)
                     failures = 0
                     continue
                 replay = control.claim_replay(
@@ -309,13 +315,28 @@ class Consumer:
             finally:
                 close_old_connections()
 
+    def _limit_idle_transactions(self, lease: float) -> None:
+        """Bound every transaction of this thread's connection (the takes, the failures, an
+        ``atomic=True`` handler's) to ``lease`` seconds idle: a worker stopped in the middle of
+        one (SIGSTOP, a VM pause) would otherwise keep its row locks until it resumes, and the
+        cursor rows it locked are skipped by every other worker's take (SKIP LOCKED), however long
+        ago their lease expired. The database ends the session instead, and rolls it back. Set
+        once per connection, and again when the topic's lease changes."""
+        conn = connections[self.using]
+        conn.ensure_connection()
+        state = self._local
+        if getattr(state, "connection", None) is conn.connection and getattr(state, "lease", None) == lease:
+            return
+        driver(self.using).limit_idle_transactions(lease)
+        state.connection, state.lease = conn.connection, lease
+
     def _housekeeping(self, sub: Subscriber) -> None:
         """Cursors for partitions created while the group registered, and retention."""
         with transaction.atomic(using=self.using):
             bus.ensure_cursors(sub.topic, sub.group, using=self.using, now=timezone.now())
         control.prune_messages(sub.topic, using=self.using)
 
-    def _handle(self, sub: Subscriber, batch: bus.Batch, config: bus.TopicConfig) -> None:
+    def _handle(self, sub: Subscriber, batch: bus.Batch, config: bus.TopicConfig, asked: float) -> None:
         if batch.attempt > sub.max_attempts:
             # Its workers died with it (leases expired) as many times as it may be attempted.
             outcome = bus.fail_batch(
@@ -346,7 +367,7 @@ class Consumer:
         context = MessageContext(sub.topic, sub.group, batch.partition, batch.attempt, self.worker_id)
         arg: Any = messages[0] if sub.batch == 1 else list(messages)
         with self._held_lock:
-            self._held[batch.token] = (batch, config.lease_seconds)
+            self._held[batch.token] = (batch, config.lease_seconds, asked + config.lease_seconds * bus.RENEW_AFTER)
         try:
             with running(batch.messages[0].trace_id):
                 if sub.atomic:
@@ -419,7 +440,10 @@ class Consumer:
 
     def _renew_loop(self) -> None:
         """Extend the leases of the batches being handled, at a third of their length; after a
-        stop request, for as long as a handler still runs."""
+        stop request, for as long as a handler still runs. When is reckoned on this process's
+        monotonic clock from the time the lease was asked for, not from the expiry the database
+        wrote: on PostgreSQL that is the database's clock, and a database clock ahead of this
+        host's by two thirds of the lease would otherwise have the renewal come too late."""
         while True:
             if self.stopping.is_set():
                 if not self._held:
@@ -429,8 +453,8 @@ class Consumer:
                 self.stopping.wait(0.5)
             with self._held_lock:
                 held = list(self._held.values())
-            for batch, lease in held:
-                if batch.lease_expires_at.timestamp() - time.time() > lease * 2 / 3:
+            for batch, lease, renew_at in held:
+                if time.monotonic() < renew_at:
                     continue
                 try:
                     self._renew(batch, lease)
@@ -440,12 +464,17 @@ class Consumer:
             close_old_connections()
 
     def _renew(self, batch: bus.Batch, lease: float) -> None:
-        renewed = bus.renew_batch_lease(batch, lease_seconds=lease, using=self.using)
+        asked = time.monotonic()
+        expires = bus.renew_batch_lease(batch, lease_seconds=lease, using=self.using)
         with self._held_lock:
             if batch.token not in self._held:
                 return  # finished meanwhile
-            if renewed:
-                self._held[batch.token] = (_renewed(batch, lease), lease)
+            if expires is not None:
+                self._held[batch.token] = (
+                    replace(batch, lease_expires_at=expires),
+                    lease,
+                    asked + lease * bus.RENEW_AFTER,
+                )
                 return
             self._held.pop(batch.token, None)
         logger.warning(
@@ -454,10 +483,6 @@ class Consumer:
             batch.group,
             batch.partition,
         )
-
-
-def _renewed(batch: bus.Batch, lease: float) -> bus.Batch:
-    return replace(batch, lease_expires_at=timezone.now() + timedelta(seconds=lease))
 
 
 __all__ = ["Consumer", "Undecryptable", "opened", "select_subscribers"]
