@@ -136,6 +136,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
+# A worker subprocess as a project without logging configuration runs it (runworker's own handler).
+if os.environ.get("JOBS_TEST_NO_LOGGING") == "1":
+    LOGGING = {"version": 1, "disable_existing_loggers": False}
 # Subprocess workers of the encryption tests get the test's keys through the environment.
 if os.environ.get("JOBS_TEST_ENCRYPTION_KEYS"):
     DJANGO_JOBS["ENCRYPTION_KEYS"] = os.environ["JOBS_TEST_ENCRYPTION_KEYS"].split(",")

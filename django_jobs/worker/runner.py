@@ -53,6 +53,7 @@ from .executor import Attempt, Executor, error_record, event_loop_thread, outcom
 from .holdings import Attempts, Leases
 from .isolation import ChildProcess, Children
 from .listener import CHANNEL_RE, Listener
+from .log_lines import batched as batched_lines
 from .maintainer import Maintainer
 from .options import (
     DEFAULT_PREFETCH,
@@ -368,15 +369,16 @@ class Worker:
         thread, after the commit). Also called for the outcomes of atomic jobs, which their own
         transaction wrote (:mod:`.atomic`)."""
         self._leases.drop([o.lease_token for o in outcomes])
-        for o in outcomes:
-            state = written.get(o.job_id)
-            if state is None:
-                self._executor.forget(o)  # another actor won the job (a rescue, a cancel)
-                continue
-            try:
-                self._signal_written(o, state)
-            except Exception:  # noqa: BLE001 - the completer must go on writing outcomes
-                logger.exception("Worker %s: sending the signals of job %s failed.", self.worker_id, o.job_id)
+        with batched_lines():  # the batch's log lines in one write (runworker's handler)
+            for o in outcomes:
+                state = written.get(o.job_id)
+                if state is None:
+                    self._executor.forget(o)  # another actor won the job (a rescue, a cancel)
+                    continue
+                try:
+                    self._signal_written(o, state)
+                except Exception:  # noqa: BLE001 - the completer must go on writing outcomes
+                    logger.exception("Worker %s: sending the signals of job %s failed.", self.worker_id, o.job_id)
         if written:
             # A job that finished or went back to wait may let another start (its partition's
             # next one, one more of a limited queue): claim again rather than sleep out the poll.

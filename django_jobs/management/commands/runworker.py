@@ -14,6 +14,7 @@ from ...checks import check_worker_processes
 from ...exceptions import JobsError, WorkerCrashed
 from ...prometheus import MAX_PORT, WorkerMetrics, prometheus_client
 from ...worker import Worker
+from ...worker.log_lines import LineHandler
 from ...worker.runner import DEFAULT_PREFETCH, MAX_WAIT_SECONDS
 from ...worker.supervisor import EXIT_FATAL, supervise
 
@@ -226,9 +227,8 @@ class Command(BaseCommand):
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_jobs")
         if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            logger.addHandler(handler)
+            # A StreamHandler that writes the lines of one outcome batch together (log_lines).
+            logger.addHandler(LineHandler(self.stderr._out))
         logger.setLevel(logging.WARNING if verbosity < 1 else logging.INFO if verbosity < 3 else logging.DEBUG)
         if _default_task_logging():
             # Django's own receivers log every task start and finish on "django.tasks" (INFO, a
