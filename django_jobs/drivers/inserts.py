@@ -111,7 +111,7 @@ def insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
     # statement adds their ids, uuid7s, so in insert order).
     event = (
         f", ev AS (INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) SELECT {TXID}, %s, NULL, 'enqueued-many', "
-        f"%s::jsonb || jsonb_build_object('jobs', jsonb_agg(v.id ORDER BY v.id)), clock_timestamp() FROM v)"
+        f"%s::jsonb || jsonb_build_object('jobs', jsonb_path_query_array(p.a, '$[*][0]')), clock_timestamp() FROM p)"
         if events and pg
         else ""
     )
@@ -122,8 +122,8 @@ def insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
         # is prepared once per connection and psycopg does not scan 2,000 placeholders per
         # chunk. One row back, not one per job: every row has the same enqueued_at.
         return (
-            f"WITH v(id, args, kwargs, seq) AS (SELECT (e->>0)::uuid, e->1, e->2, (e->>3)::bigint "
-            f"FROM jsonb_array_elements(%s::jsonb) e){event}, "
+            f"WITH p(a) AS (SELECT %s::jsonb), v(id, args, kwargs, seq) AS (SELECT (e->>0)::uuid, e->1, e->2, "
+            f"(e->>3)::bigint FROM p, jsonb_array_elements(p.a) e){event}, "
             f"ins AS ({insert} RETURNING enqueued_at) SELECT enqueued_at FROM ins LIMIT 1"
         )
     return f"WITH v(id, args, kwargs, seq) AS (VALUES {', '.join([row] * n)}){event} {insert}"

@@ -1,0 +1,46 @@
+"""PostgreSQL: the event log's ``data`` is compressed with lz4 where the server has it.
+
+An ``enqueued-many`` event names the ids of up to 500 jobs (about 19 kB), which PostgreSQL
+compresses before storing it out of line; with its default method (pglz) that compression was
+4 % of the server's CPU in a bulk enqueue. lz4 compresses as well here at a fraction of the
+cost. Only new values are compressed with it; older rows are read as they are.
+
+A no-op elsewhere, and on a PostgreSQL before 14 or built without lz4 (the setting then keeps
+the server's default)."""
+
+from django.db import migrations
+
+
+def _lz4_available(cursor) -> bool:
+    cursor.execute(
+        "SELECT current_setting('server_version_num')::int >= 140000 AND EXISTS ("
+        "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))"
+    )
+    return bool(cursor.fetchone()[0])
+
+
+def use_lz4(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        if _lz4_available(cursor):
+            schema_editor.execute("ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION lz4")
+
+
+def use_default(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        if _lz4_available(cursor):
+            schema_editor.execute("ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION DEFAULT")
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('django_jobs', '0016_topic_metrics'),
+    ]
+
+    operations = [
+        migrations.RunPython(use_lz4, use_default),
+    ]
