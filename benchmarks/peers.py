@@ -5,8 +5,10 @@ pgqueuer is installed, pinned, into a benchmark-only virtualenv (``.bench-venv/p
 when it already holds that version) and driven through ``benchmarks/pgqueuer_side.py``; it is
 never a dependency of the package. Each system has its own database (``bench_peers_dj``,
 ``bench_peers_pgq``; dropped and re-created), emptied before every measurement. Each repeat
-(``--runs``, default 3) runs every scenario for django-jobs, then for pgqueuer, and the table
-gives the median of each and their ratio (django-jobs / pgqueuer):
+(``--runs``, default 3) runs every scenario for both, django-jobs first in the odd repeats and
+pgqueuer first in the even ones, each measurement right after a ``CHECKPOINT`` (see
+:func:`checkpoint`), and the table gives the median of each and their ratio (django-jobs /
+pgqueuer):
 
 1. enqueue, one job per transaction, from one process (``noop.enqueue()`` in autocommit;
    pgqueuer's ``Queries.enqueue("noop", None)``), after a warm-up; and a raw psycopg
@@ -194,6 +196,27 @@ def setting(name: str) -> str:
 
 def analyze(db: str) -> None:
     Raw.get(db).execute("ANALYZE")
+
+
+_checkpoints = [True]  # False once the server refused one (not a superuser): then measured without
+
+
+def checkpoint() -> None:
+    """A CHECKPOINT before each measurement, so that none runs while the server checkpoints.
+
+    The benchmark writes hundreds of MB of WAL per repeat, so PostgreSQL starts a checkpoint
+    every minute or two (``checkpoint starting: wal`` in its log) at a moment nothing chooses:
+    the system measured then pays for the checkpoint's writes and for a full-page image in the
+    WAL on the first change of every page, and the other system does not. After a CHECKPOINT,
+    each measurement (its reset and prefill included) starts with the same clean slate, the
+    pages it creates need no full-page image, and the next checkpoint is hundreds of MB away."""
+    if not _checkpoints[0]:
+        return
+    try:
+        Raw.get(DJ_DB).execute("CHECKPOINT")
+    except Exception as exc:  # noqa: BLE001 - not allowed (pg_checkpoint role, superuser): say so once
+        _checkpoints[0] = False
+        say(f"  CHECKPOINT refused ({type(exc).__name__}: {exc}); measuring without one before each scenario")
 
 
 @dataclass
@@ -997,8 +1020,10 @@ def write_docs(table: str, note: str, writes_text: str, indexes_text: str, sizes
     body = f"""## Side by side with pgqueuer
 
 Measured {dt.date.today().isoformat()} with `make bench-peers` (`benchmarks/peers.py`): the same
-scenarios for both systems in one sitting, django-jobs then pgqueuer in each of {runs} repeats;
-each cell is the median, the repeats in brackets; the ratio is django-jobs / pgqueuer (above 1
+scenarios for both systems in one sitting, in each of {runs} repeats, the first system of each
+scenario alternating between repeats (django-jobs first in the odd ones), each measurement right
+after a `CHECKPOINT` (so that no measurement pays for a checkpoint the other escapes); each cell
+is the median, the repeats in brackets; the ratio is django-jobs / pgqueuer (above 1
 is better for django-jobs in rates, worse in CPU, latency and memory). "load 1-min" is the
 range of the machine's load average at the start of the measurements of that row.
 
@@ -1153,27 +1178,33 @@ def main() -> None:
     loads_start = os.getloadavg()
     for run in range(1, runs + 1):
         say(f"run {run}/{runs} (load {os.getloadavg()[0]:.2f})")
-        for system in systems:
+        # Each repeat alternates which system goes first, in every scenario.
+        order = systems if run % 2 else systems[::-1]
+        for system in order:
             if wanted("enqueue"):
+                checkpoint()
                 rows["enqueue"].load.append(os.getloadavg()[0])
                 put("enqueue", system, system.enqueue(sizes.enqueue))
                 say(f"  {system.name}: enqueue {getattr(rows['enqueue'], system.key)[-1]:,.0f}/s")
         if wanted("enqueue"):
+            checkpoint()
             raw = raw_enqueue(sizes.enqueue)
             rows["raw"].dj.append(raw)  # one ceiling for both: the same disk, the same commit
             rows["raw"].pgq.append(raw)
             rows["raw_share"].dj.append(rows["enqueue"].dj[-1] / raw)
             rows["raw_share"].pgq.append(rows["enqueue"].pgq[-1] / raw)
             say(f"  raw INSERT + commit {raw:,.0f}/s")
-        for system in systems:
+        for system in order:
             if wanted("bulk"):
+                checkpoint()
                 rows["bulk"].load.append(os.getloadavg()[0])
                 put("bulk", system, system.bulk(sizes.bulk))
                 say(f"  {system.name}: bulk {getattr(rows['bulk'], system.key)[-1]:,.0f}/s")
         for processes, suffix in ((1, "1"), (4, "4")):
-            for system in systems:
+            for system in order:
                 if not wanted("drain"):
                     continue
+                checkpoint()
                 rows[f"drain{suffix}"].load.append(os.getloadavg()[0])
                 d = drain(system, sizes.drain, processes)
                 put(f"drain{suffix}", system, d.rate)
@@ -1186,8 +1217,9 @@ def main() -> None:
                     f"  {system.name}: drain x{processes} {d.rate:,.0f}/s, worker {d.cpu_us:,.0f} µs/job, "
                     f"PostgreSQL {pg} µs/job"
                 )
-        for system in systems:
+        for system in order:
             if wanted("latency"):
+                checkpoint()
                 rows["p50"].load.append(os.getloadavg()[0])
                 p50, p95, p99 = latency(system, sizes.latency_seconds, sizes.latency_interval)
                 put("p50", system, p50)
@@ -1195,9 +1227,10 @@ def main() -> None:
                 put("p99", system, p99)
                 say(f"  {system.name}: pickup p50/p95/p99 {p50:.1f}/{p95:.1f}/{p99:.1f} ms")
         for kind, key in (("sleep_sync", "io_sync"), ("sleep_async", "io_async")):
-            for system in systems:
+            for system in order:
                 if not wanted("io"):
                     continue
+                checkpoint()
                 rows[key].load.append(os.getloadavg()[0])
                 d = io_bound(system, sizes, kind)
                 put(key, system, d.rate)
