@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import select
 import threading
 
 import pytest
@@ -33,7 +34,6 @@ class Stream:
 def record(message: str, created: float, level: int = logging.INFO) -> logging.LogRecord:
     rec = logging.LogRecord("django_jobs.worker.jobs", level, __file__, 1, message, None, None)
     rec.created, rec.msecs = created, (created - int(created)) * 1000  # as LogRecord.__init__ sets them
-    rec.msecs = int(rec.msecs * 1000) / 1000  # keep it a plain float like the real one
     return rec
 
 
@@ -93,6 +93,44 @@ def test_a_batch_that_raises_still_writes_its_lines():
     assert len(stream.writes) == 1 and "before the error" in stream.writes[0]
     handler.handle(record("after", 1764670000.0))
     assert len(stream.writes) == 2, "the thread is out of its batch"
+
+
+def test_a_long_batch_leaves_in_writes_of_whole_lines_a_pipe_keeps_whole():
+    # runworker -p N: the processes share one stderr; a pipe keeps a write of PIPE_BUF bytes whole.
+    handler, stream = make_handler()
+    with batched():
+        for i in range(200):
+            handler.handle(record(f"line {i:03d} é", 1764670000.0))
+        handler.handle(record("x" * (2 * select.PIPE_BUF), 1764670000.0))
+        handler.handle(record("after the long one", 1764670000.0))
+    assert len(stream.writes) > 2
+    for piece in stream.writes:
+        assert piece.endswith("\n")
+        assert len(piece.encode()) <= select.PIPE_BUF or piece.count("\n") == 1, "only a long line goes alone"
+    lines = "".join(stream.writes).splitlines()
+    assert [line.rsplit(": ", 1)[1] for line in lines] == [f"line {i:03d} é" for i in range(200)] + [
+        "x" * (2 * select.PIPE_BUF),
+        "after the long one",
+    ]
+
+
+def test_runworker_installs_it_when_the_project_configures_no_logging():
+    from django_jobs.management.commands.runworker import Command
+
+    ours, root = logging.getLogger("django_jobs"), logging.getLogger()
+    saved = (ours.handlers[:], root.handlers[:], ours.level)
+    ours.handlers[:], root.handlers[:] = [], []
+    try:
+        Command()._configure_logging(1)
+        assert [type(h) for h in ours.handlers] == [LineHandler]
+        assert ours.level == logging.INFO
+        root.handlers[:] = saved[1]
+        ours.handlers[:] = []
+        Command()._configure_logging(1)
+        assert ours.handlers == [], "a project with handlers of its own gets none of ours"
+    finally:
+        ours.handlers[:], root.handlers[:] = saved[0], saved[1]
+        ours.setLevel(saved[2])
 
 
 def test_a_handler_of_another_kind_is_not_held_by_a_batch():

@@ -108,7 +108,7 @@ def insert_many_sql(pg: bool, n: int, events: bool = False) -> str:
     )  # fmt: skip
     # PostgreSQL with events: the chunk's one "enqueued-many" event rides on the statement (two
     # more parameters after the rows: the queue and the data its jobs share, to which the
-    # statement adds their ids, uuid7s, so in insert order).
+    # statement adds their ids, read from the rows' parameter in the order given).
     event = (
         f", ev AS (INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) SELECT {TXID}, %s, NULL, 'enqueued-many', "
         f"%s::jsonb || jsonb_build_object('jobs', jsonb_path_query_array(p.a, '$[*][0]')), clock_timestamp() FROM p)"

@@ -6,12 +6,16 @@ compresses before storing it out of line; with its default method (pglz) that co
 cost. Only new values are compressed with it; older rows are read as they are.
 
 A no-op elsewhere, and on a PostgreSQL before 14 or built without lz4 (the setting then keeps
-the server's default)."""
+the server's default). The ALTER takes the event table's ACCESS EXCLUSIVE lock for a moment
+(no rewrite): it waits for transactions writing events, so migrate with the workers stopped or
+expect them to pause. A dump of this table restores on a server without lz4 only with
+``pg_dump --no-toast-compression``."""
 
 from django.db import migrations
 
 
-def _lz4_available(cursor) -> bool:
+def lz4_available(cursor) -> bool:
+    """The server can compress a column with lz4 (PostgreSQL 14+, built with it)."""
     cursor.execute(
         "SELECT current_setting('server_version_num')::int >= 140000 AND EXISTS ("
         "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))"
@@ -23,7 +27,7 @@ def use_lz4(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     with schema_editor.connection.cursor() as cursor:
-        if _lz4_available(cursor):
+        if lz4_available(cursor):
             schema_editor.execute("ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION lz4")
 
 
@@ -31,7 +35,7 @@ def use_default(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     with schema_editor.connection.cursor() as cursor:
-        if _lz4_available(cursor):
+        if lz4_available(cursor):
             schema_editor.execute("ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION DEFAULT")
 
 

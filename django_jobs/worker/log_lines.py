@@ -7,9 +7,11 @@ logging module's cost is paid thousands of times a second: measured at about 9 Â
 per no-op job. Two parts of it do not need to be paid per line:
 
 - the write and flush: inside :func:`batched` (the completer's loop over one outcome batch),
-  this thread's lines are kept and written with one ``write`` and one flush when the block
-  ends, in the order they were logged. Other threads' lines (tasks' own logging) are written
-  at once, as a ``StreamHandler`` does;
+  this thread's lines are kept and written when the block ends, in the order they were logged,
+  whole lines at most ``PIPE_BUF`` bytes per write (so that the processes of ``runworker -p N``,
+  which share one stderr, never tear each other's lines: a pipe keeps a write that small
+  whole). Lines from other threads (the producer's, the services') are written at once, as a
+  ``StreamHandler`` does;
 - the timestamp: ``%(asctime)s`` without a ``datefmt`` is ``time.strftime`` of the second,
   kept while the second is the same, plus the milliseconds. The text is the same as
   :class:`logging.Formatter`'s.
@@ -22,6 +24,7 @@ changes nothing for them.
 from __future__ import annotations
 
 import logging
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -39,7 +42,7 @@ class StampFormatter(logging.Formatter):
     _stamp: tuple[int, str] = (-1, "")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
-        if datefmt is not None or self.default_msec_format is None:
+        if datefmt is not None or not self.default_msec_format:
             return super().formatTime(record, datefmt)
         second = int(record.created)
         stamp = self._stamp  # one tuple, read and replaced whole: threads share the formatter
@@ -64,21 +67,46 @@ class LineHandler(logging.StreamHandler):
             return
         try:
             line = self.format(record) + self.terminator
+        except RecursionError:  # as StreamHandler.emit
+            raise
         except Exception:  # noqa: BLE001 - as StreamHandler.emit: report, never raise
             self.handleError(record)
             return
         pending.setdefault(self, []).append(line)
 
     def write_lines(self, lines: list[str]) -> None:
-        """Write ``lines`` (formatted, each with its terminator) with one write, then flush."""
+        """Write ``lines`` (formatted, each with its terminator) in as few writes of whole lines
+        of at most ``PIPE_BUF`` bytes as they fit in (a longer line alone), each flushed."""
         self.acquire()
         try:
-            self.stream.write("".join(lines))
-            self.flush()
-        except Exception:  # noqa: BLE001 - as StreamHandler.emit: report, never raise
-            self.handleError(logging.makeLogRecord({"msg": "".join(lines)}))
+            for piece in _pieces(lines, select.PIPE_BUF):
+                try:
+                    self.stream.write(piece)
+                    self.flush()
+                except RecursionError:
+                    raise
+                except Exception:  # noqa: BLE001 - as StreamHandler.emit: report, never raise
+                    self.handleError(logging.makeLogRecord({"msg": piece}))
         finally:
             self.release()
+
+
+def _pieces(lines: list[str], limit: int) -> list[str]:
+    """``lines`` joined into strings of whole lines of at most ``limit`` bytes (UTF-8), in order;
+    a line longer than that is a string of its own."""
+    pieces: list[str] = []
+    current: list[str] = []
+    size = 0
+    for line in lines:
+        n = len(line) if line.isascii() else len(line.encode())
+        if current and size + n > limit:
+            pieces.append("".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += n
+    if current:
+        pieces.append("".join(current))
+    return pieces
 
 
 @contextmanager
