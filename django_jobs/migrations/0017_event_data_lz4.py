@@ -23,20 +23,17 @@ def lz4_available(cursor) -> bool:
     return bool(cursor.fetchone()[0])
 
 
-def use_lz4(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        if lz4_available(cursor):
-            schema_editor.execute("ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION lz4")
+def set_compression(method: str):
+    """A RunPython step that sets the compression of the event log's ``data`` to ``method``."""
 
+    def step(apps, schema_editor):
+        if schema_editor.connection.vendor != "postgresql":
+            return
+        with schema_editor.connection.cursor() as cursor:
+            if lz4_available(cursor):
+                schema_editor.execute(f"ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION {method}")
 
-def use_default(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        if lz4_available(cursor):
-            schema_editor.execute("ALTER TABLE django_jobs_event ALTER COLUMN data SET COMPRESSION DEFAULT")
+    return step
 
 
 class Migration(migrations.Migration):
@@ -46,5 +43,5 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(use_lz4, use_default),
+        migrations.RunPython(set_compression("lz4"), set_compression("DEFAULT")),
     ]
