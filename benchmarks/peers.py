@@ -907,14 +907,23 @@ class Row:
         a, b = self.med(self.dj), self.med(self.pgq)
         return a / b if self.ratio and a is not None and b else None
 
+    @property
+    def paired(self) -> float | None:
+        """The median of each repeat's own ratio: the two systems of one repeat ran minutes apart,
+        alternating, so a repeat's ratio sees the same machine; the medians of the two columns
+        may come from different repeats."""
+        pairs = [a / b for a, b in zip(self.dj, self.pgq, strict=False) if b] if self.ratio else []
+        return statistics.median(pairs) if len(pairs) > 1 else None
+
     def cells(self) -> list[str]:
-        q = self.quotient
+        q, p = self.quotient, self.paired
         load = f"{min(self.load):.1f}–{max(self.load):.1f}" if self.load else ""
         return [
             f"{self.metric} ({self.unit})",
             self.cell(self.dj),
             self.cell(self.pgq),
             "" if q is None else f"{q:.2f}",
+            "" if p is None else f"{p:.2f}",
             load,
         ]
 
@@ -927,11 +936,19 @@ class Row:
             "django_jobs_median": self.med(self.dj),
             "pgqueuer_median": self.med(self.pgq),
             "ratio": self.quotient,
+            "ratio_of_repeats": self.paired,
             "load_1min": self.load,
         }
 
 
-HEADER = ["scenario", "django-jobs: median (runs)", "pgqueuer: median (runs)", "ratio dj/pgq", "load 1-min"]
+HEADER = [
+    "scenario",
+    "django-jobs: median (runs)",
+    "pgqueuer: median (runs)",
+    "ratio dj/pgq",
+    "median of the repeats' ratios",
+    "load 1-min",
+]
 
 
 def text_table(rows: list[Row]) -> str:
@@ -1024,7 +1041,10 @@ scenarios for both systems in one sitting, in each of {runs} repeats, the first 
 scenario alternating between repeats (django-jobs first in the odd ones), each measurement right
 after a `CHECKPOINT` (so that no measurement pays for a checkpoint the other escapes); each cell
 is the median, the repeats in brackets; the ratio is django-jobs / pgqueuer (above 1
-is better for django-jobs in rates, worse in CPU, latency and memory). "load 1-min" is the
+is better for django-jobs in rates, worse in CPU, latency and memory), of the two medians, and
+next to it the median of the repeats' own ratios (the two systems of a repeat ran a minute or
+so apart, so its ratio compares them on the same machine; the two medians may come from
+different repeats). "load 1-min" is the
 range of the machine's load average at the start of the measurements of that row.
 
 Machine: {note}
