@@ -25,7 +25,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
-from django.db import transaction
+from django.db import connections, transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError, TaskResultStatus
@@ -34,6 +34,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from .conf import get_settings
+from .dispatch import TaskSignal
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions, RunAfterOutOfRange
 from .spec.backoff import backoff_path
 from .spec.dedup import Dedup
@@ -83,6 +84,20 @@ _NORMALIZED: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_
 _PLAIN: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
 _PLAIN_MAX = 512
 _READY = TaskResultStatus.READY
+#: ``task_enqueued`` as enqueue sends it: each receiver called robustly, looked up per sender
+#: only when the signal's receivers change (see django_jobs.dispatch).
+_ENQUEUED = TaskSignal(task_enqueued)
+#: django_jobs.engine once :func:`_load_engine` imported it: enqueue() reads it without an import
+#: statement, whose look-up was a few µs of a one-job enqueue.
+_ENGINE: Any = None
+
+
+def _load_engine() -> Any:
+    global _ENGINE
+    from . import engine  # on first use: see the module's docstring (E001)
+
+    _ENGINE = engine
+    return engine
 
 
 class _JobTaskMeta(type):
@@ -241,8 +256,8 @@ def _item_arguments(index: int, item: Any) -> tuple[Any, dict[str, Any]]:
 
 def _send_enqueued(sender: type, results: list[Any]) -> None:
     """``task_enqueued`` for each result of an ``enqueue_many``, on commit. A receiver that raises
-    for one job is logged and does not keep the others' signals from being sent (as ``enqueue``'s
-    one callback per job would behave).
+    is logged and does not keep the other receivers, or the other jobs' signals, from being sent
+    (as ``enqueue`` sends it).
 
     The receivers are looked up once for the batch, not once per job as ``Signal.send`` does (a
     quarter of enqueue_many's CPU went to that lookup); each job still reaches every receiver,
@@ -251,14 +266,14 @@ def _send_enqueued(sender: type, results: list[Any]) -> None:
     """
     receivers = _sync_receivers(task_enqueued, sender)
     for result in results:
-        try:
-            if receivers is None:
-                task_enqueued.send(sender, task_result=result)
-            else:
-                for receiver in receivers:
-                    receiver(signal=task_enqueued, sender=sender, task_result=result)
-        except Exception:
-            logger.exception("A task_enqueued receiver raised for job %s.", result.id)
+        if receivers is None:
+            _ENQUEUED.send(sender, result)
+            continue
+        for receiver in receivers:
+            try:
+                receiver(signal=task_enqueued, sender=sender, task_result=result)
+            except Exception:
+                logger.exception("A task_enqueued receiver raised for job %s.", result.id)
 
 
 def _sync_receivers(signal: Any, sender: type) -> list[Any] | None:
@@ -353,22 +368,34 @@ def _waiting_result(
 ) -> JobResult:  # fmt: skip
     """:func:`_new_result` of a job just inserted waiting, built through the slots as
     :func:`_batch_results` builds a chunk's (``args`` and ``kwargs`` already normalised)."""
-    slots = _result_slots()
-    if slots is None:
+    setters = _waiting_setters()
+    if setters is None:
         token = _NORMALIZED.set(True)
         try:
             return _new_result(task, backend, job_id, _READY, enqueued_at, args, kwargs, trace_id)
         finally:
             _NORMALIZED.reset(token)
     result = object.__new__(JobResult)
-    for name, value in (
-        ("task", task), ("id", job_id), ("status", _READY), ("enqueued_at", enqueued_at), ("started_at", None),
-        ("last_attempted_at", None), ("finished_at", None), ("args", args), ("kwargs", kwargs),
-        ("backend", backend), ("errors", []), ("worker_ids", []), ("_return_value", None), ("progress", None),
-        ("trace_id", trace_id), ("duplicate", False),
-    ):  # fmt: skip
-        slots[name](result, value)
+    values = (
+        task, job_id, _READY, enqueued_at, None, None, None, args, kwargs, backend, [], [], None, None, trace_id, False
+    )  # fmt: skip
+    for setter, value in zip(setters, values, strict=True):
+        setter(result, value)
     return result
+
+
+#: The fields in the order :func:`_waiting_result` gives their values.
+_WAITING_ORDER = (
+    "task", "id", "status", "enqueued_at", "started_at", "last_attempted_at", "finished_at", "args", "kwargs",
+    "backend", "errors", "worker_ids", "_return_value", "progress", "trace_id", "duplicate",
+)  # fmt: skip
+
+
+@functools.cache
+def _waiting_setters() -> tuple[Any, ...] | None:
+    """The slot setters of :data:`_WAITING_ORDER`; None as :func:`_result_slots` is."""
+    slots = _result_slots()
+    return None if slots is None else tuple(slots[name] for name in _WAITING_ORDER)
 
 
 def _batch_results(task: Task, backend: str, status: Any, enqueued_at: datetime | None, trace_id: str | None) -> Any:
@@ -511,17 +538,21 @@ class JobsBackend(BaseTaskBackend):
     def _enqueue_plain(self, task: Task, plain: Any, args: Any, kwargs: Any) -> TaskResult | None:
         """:meth:`enqueue` of a job of a plain task (:meth:`_plain`); None when its queue has a
         size limit (nothing inserted: :meth:`_enqueue` admits it under the queue's lock)."""
-        from . import engine  # on first use: see the module's docstring (E001)
+        engine = _ENGINE or _load_engine()  # on first use: see the module's docstring (E001)
 
         args, kwargs, args_json, kwargs_json = encode_payload(args, kwargs, cap=self.settings.MAX_PAYLOAD_BYTES)
-        inserted = engine.insert_plain_job(plain, args_json, kwargs_json)
+        conn = connections[plain.using]
+        inserted = engine.insert_plain_job(plain, conn, args_json, kwargs_json)
         if inserted is None:
             return None
         job_id, enqueued_at, trace_id = inserted
         result = _waiting_result(task, self.alias, str(job_id), enqueued_at, args, kwargs, trace_id)
-        transaction.on_commit(
-            lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
-        )
+        sender = type(self)
+        if not conn.in_atomic_block and conn.get_autocommit():
+            # Committed already: what on_commit(robust=True) would do now, minus its look-ups.
+            _ENQUEUED.send(sender, result)
+        else:
+            transaction.on_commit(lambda: _ENQUEUED.send(sender, result), using=plain.using, robust=True)
         return result
 
     def _enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
@@ -540,7 +571,7 @@ class JobsBackend(BaseTaskBackend):
             kwargs=kwargs,
             max_attempts=max_attempts,
             options=options,
-            trace_id=trace_id_for_new_job(getattr(task, "trace_id", None)),
+            trace_id=getattr(task, "trace_id", None),  # None: the insert gives the running job's, or the job's id
         )
         dedup = getattr(task, "dedup", None)
         idempotency_key = getattr(task, "idempotency_key", None)
@@ -556,9 +587,7 @@ class JobsBackend(BaseTaskBackend):
             row = engine.insert_new_job(job, using=self.database)
             result = self._result_from_new_job(row, task, plain=(args, kwargs) if encrypted else None)
         if not result.duplicate:
-            transaction.on_commit(
-                lambda: task_enqueued.send(type(self), task_result=result), using=self.database, robust=True
-            )
+            transaction.on_commit(lambda: _ENQUEUED.send(type(self), result), using=self.database, robust=True)
         return result
 
     def _enqueue_deduplicated(

@@ -56,4 +56,16 @@ def _make(ms: int, counter: int, rand: int) -> uuid.UUID:
     value |= counter << 64
     value |= 0b10 << 62  # RFC 4122 variant
     value |= rand & ((1 << 62) - 1)
-    return uuid.UUID(int=value)
+    return _from_int(value)
+
+
+def _uuid_from_int(value: int) -> uuid.UUID:
+    """``uuid.UUID(int=value)`` for a value known to be a valid 128-bit UUID, without the
+    constructor's checks of its other arguments (Python 3.14's ``UUID._from_int``)."""
+    made = object.__new__(uuid.UUID)
+    object.__setattr__(made, "int", value)
+    object.__setattr__(made, "is_safe", uuid.SafeUUID.unknown)
+    return made
+
+
+_from_int = getattr(uuid.UUID, "_from_int", _uuid_from_int)

@@ -1,4 +1,4 @@
-"""The worker sends Django's task signals through worker.dispatch.TaskSignal, which keeps each
+"""The worker sends Django's task signals through django_jobs.dispatch.TaskSignal, which keeps each
 sender's receivers between sends: it must call what ``send_robust`` calls, in order, see
 connects and disconnects at once, let weakly-referenced receivers die, log a raising receiver
 and go on, and hand async receivers to Django."""
@@ -11,7 +11,7 @@ import logging
 import pytest
 from django.dispatch import Signal
 
-from django_jobs.worker.dispatch import TaskSignal
+from django_jobs.dispatch import TaskSignal
 
 
 class SenderA:

@@ -17,11 +17,11 @@ DRIVERS: dict[str, type[Driver]] = {d.VENDOR: d for d in (PostgreSQLDriver, SQLi
 def driver(using: str) -> Driver:
     """The driver of database ``using``; ``NotImplementedError`` for a vendor without one (the
     system checks refuse such a database first)."""
-    vendor = connections[using].vendor
+    connection = connections[using]
     try:
-        return DRIVERS[vendor](using)
+        return DRIVERS[connection.vendor](using, connection)
     except KeyError:
-        raise NotImplementedError(f"django-jobs has no driver for {vendor!r} databases") from None
+        raise NotImplementedError(f"django-jobs has no driver for {connection.vendor!r} databases") from None
 
 
 __all__ = ["DRIVERS", "Driver", "MySQLDriver", "PostgreSQLDriver", "SQLiteDriver", "driver"]

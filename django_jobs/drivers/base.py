@@ -90,9 +90,10 @@ class Driver(TopicVerbs):
     #: writer's transaction (see :meth:`events_horizon`).
     NEW_EVENT_TXID: ClassVar[int] = 0
 
-    def __init__(self, using: str):
+    def __init__(self, using: str, connection: Any = None):
+        """``connection``: ``connections[using]`` when the caller has it (one look-up less)."""
         self.using = using
-        self.connection = connections[using]
+        self.connection = connections[using] if connection is None else connection
         self.vendor = self.connection.vendor
 
     # -- cursors ----------------------------------------------------------------------------
@@ -438,9 +439,14 @@ class Driver(TopicVerbs):
         inserted = cursor.rowcount == 1
         return inserted, cursor.fetchone()[0] if inserted and self.DATABASE_CLOCK else None
 
-    def insert_plain_job(self, params: list[Any], *, notify: bool, events: bool) -> tuple[bool, Any]:
-        """:meth:`insert_job` of ``enqueue()``'s plain insert (engine.insert_plain_job), where
-        the driver has :attr:`FUSED_EFFECTS` and :attr:`DATABASE_CLOCK`."""
+    def insert_plain_job(
+        self, backend: str, params: list[Any], *, notify_channel: str | None, events_channel: str | None
+    ) -> tuple[bool, Any]:
+        """``enqueue()``'s plain insert (engine.insert_plain_job) of a job of ``backend``, where
+        the driver has :attr:`FUSED_EFFECTS` and :attr:`DATABASE_CLOCK`: :meth:`insert_job`
+        (``guarded``) with the parameters of ``drivers.inserts.PLAIN_PARAMS``; its NOTIFY on
+        ``notify_channel`` (None: none), its event and the events NOTIFY on ``events_channel``
+        (None: no event). Returns what :meth:`insert_job` returns."""
         raise NotImplementedError
 
     def insert_jobs(

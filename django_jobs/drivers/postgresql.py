@@ -8,10 +8,14 @@ import functools
 import json
 import logging
 import math
+import types
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from django.db.backends import utils as _db_utils
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
 from .base import (
@@ -26,7 +30,7 @@ from .base import (
     UNFINISHED_SQL,
     Driver,
 )
-from .inserts import insert_chunk_sql, insert_sql
+from .inserts import insert_chunk_sql, insert_sql, plain_insert_sql
 from .pg_sql import HORIZON_SQL, TXID, event_cte, event_notify
 from .pg_topics import PgTopicVerbs
 
@@ -184,14 +188,30 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
     def insert_job_sql(self, *, notify: bool, once: bool, guarded: bool, events: bool) -> str:
         return insert_sql(True, notify=notify, once=once, guarded=guarded, events=events)
 
-    def insert_plain_job(self, params: list[Any], *, notify: bool, events: bool) -> tuple[bool, Any]:
-        """:meth:`insert_job` of ``enqueue()``'s plain insert (``guarded``, neither ``once``
-        nor a partition), on a cursor kept for it (:func:`kept_cursor`)."""
-        cursor = kept_cursor(self.connection)
-        if cursor is None:
+    def insert_plain_job(
+        self, backend: str, params: list[Any], *, notify_channel: str | None, events_channel: str | None
+    ) -> tuple[bool, Any]:
+        """:meth:`insert_job` of ``enqueue()``'s plain insert (:func:`plain_insert_sql`), on a
+        cursor kept for it (:func:`kept_cursor`)."""
+        sql = plain_insert_sql(backend, notify_channel, events_channel)
+        connection = self.connection
+        raw = kept_cursor(connection)
+        if raw is None:
             with self.cursor(hot=True) as cursor:
-                return self.insert_job(cursor, params, notify=notify, once=False, guarded=True, events=events)
-        return self.insert_job(cursor, params, notify=notify, once=False, guarded=True, events=events)
+                return self._insert_plain(cursor, sql, params)
+        if observed(connection):
+            return self._insert_plain(connection._prepare_cursor(raw), sql, params)
+        # Nobody watches Django's cursor here: what its wrapper would do, without building one.
+        connection.validate_thread_sharing()
+        connection.validate_no_broken_transaction()
+        with connection.wrap_database_errors:
+            return self._insert_plain(raw, sql, params)
+
+    @staticmethod
+    def _insert_plain(cursor: Any, sql: str, params: list[Any]) -> tuple[bool, Any]:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()  # enqueued_at (and the NOTIFYs' voids) when the row was inserted
+        return row is not None, None if row is None else row[0]
 
     def insert_jobs(
         self,
@@ -421,11 +441,11 @@ def _native_timestamptz_loader() -> type:
 
 
 def kept_cursor(connection: Any) -> Any:
-    """:func:`prepared_cursor` for ``enqueue()``'s insert, kept open on the connection and reused
-    (wrapped anew each time, so the debug query log and execute wrappers still see it), or None
-    where prepared statements are off: use :func:`prepared_cursor` then. The caller must not
-    close it. Making a psycopg cursor (its adapters, its loaders) and Django's wrapper was a
-    tenth of the client's Python in a one-job enqueue."""
+    """The psycopg cursor of ``enqueue()``'s insert, kept open on the connection and reused, or
+    None where prepared statements are off: use :func:`prepared_cursor` then. Unwrapped: wrap it
+    (``connection._prepare_cursor``) when :func:`observed`, so the debug query log and execute
+    wrappers see it. The caller must not close it. Making a psycopg cursor (its adapters, its
+    loaders) and Django's wrapper was a tenth of the client's Python in a one-job enqueue."""
     if _refused_by_pooler or not get_settings().PREPARED_STATEMENTS:
         return None
     connection.close_if_health_check_failed()
@@ -436,7 +456,41 @@ def kept_cursor(connection: Any) -> Any:
     cursor = getattr(raw, "_django_jobs_kept", None)
     if cursor is None or cursor.closed:
         cursor = raw._django_jobs_kept = _prepared_cursor_class()(raw)
-    return connection._prepare_cursor(cursor)
+    return cursor
+
+
+def observed(connection: Any) -> bool:
+    """Whether something may watch the statements of Django's cursors on ``connection``: an
+    ``execute_wrapper``, the query log (``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext``),
+    or a tool that replaced Django's ``CursorWrapper.execute`` or ``make_cursor`` (APM agents
+    do). When none does, the plain insert runs on the psycopg cursor itself, inside Django's
+    error translation, as the wrapper would run it; that wrapper's Python was a tenth of a
+    one-job enqueue's."""
+    return bool(
+        connection.execute_wrappers
+        or connection.queries_logged
+        or type(connection).make_cursor is not _DJANGO_MAKE_CURSOR
+        or _django_execute() is None
+    )
+
+
+def _django_execute_original() -> Any:
+    """Django's own ``CursorWrapper.execute`` as this module found it, or None when it was
+    already replaced then (its code is not Django's)."""
+    execute = _db_utils.CursorWrapper.__dict__.get("execute")
+    code = getattr(execute, "__code__", None)
+    if type(execute) is not types.FunctionType or code is None or code.co_filename != _db_utils.__file__:
+        return None
+    return execute
+
+
+_DJANGO_EXECUTE = _django_execute_original()
+
+
+def _django_execute() -> Any:
+    """Django's ``CursorWrapper.execute`` when it is still Django's own; else None."""
+    current = _db_utils.CursorWrapper.__dict__.get("execute")
+    return current if _DJANGO_EXECUTE is not None and current is _DJANGO_EXECUTE else None
 
 
 #: A pooler refused a prepared statement (it does not keep them across transactions): from
@@ -444,6 +498,7 @@ def kept_cursor(connection: Any) -> Any:
 _refused_by_pooler = False
 _NEVER = 2**31 - 1
 _PREPARED_CURSOR: type | None = None
+_DJANGO_MAKE_CURSOR = BaseDatabaseWrapper.make_cursor
 
 
 def _prepared_cursor_class() -> type:

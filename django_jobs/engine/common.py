@@ -114,6 +114,7 @@ class Outcome:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def ready_seq(available_at: datetime, lifo: bool = False) -> int:
@@ -129,7 +130,7 @@ def ready_seq(available_at: datetime, lifo: bool = False) -> int:
     """
     if available_at.tzinfo is None:  # USE_TZ = False: Django's naive datetimes are UTC to us
         available_at = available_at.replace(tzinfo=UTC)
-    micros = (available_at - _EPOCH) // timedelta(microseconds=1)
+    micros = (available_at - _EPOCH) // _MICROSECOND
     return -micros if lifo else micros
 
 

@@ -14,7 +14,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..drivers import Driver, driver
+from ..drivers import DRIVERS, Driver, driver
 from ..drivers.inserts import MANY_ROW_PARAMS, MANY_SHARED_PARAMS
 from ..models import Job
 from ..spec.newjob import NewJob
@@ -115,44 +115,42 @@ def plain_job(
     )  # fmt: skip
 
 
-def insert_plain_job(plain: PlainJob, args_json: str, kwargs_json: str) -> tuple[uuid.UUID, datetime, str] | None:
+def insert_plain_job(
+    plain: PlainJob, connection: Any, args_json: str, kwargs_json: str
+) -> tuple[uuid.UUID, datetime, str] | None:
     """Insert one waiting job of ``plain`` with these arguments (JSON the caller validated) in
-    the caller's transaction: :func:`insert_new_job`'s statement (the row, its ``enqueued``
-    event, the NOTIFYs, the queue's size-limit guard; prepared), without building a
-    :class:`NewJob` or a :class:`NewRow` first. Only where :func:`plain_inserts` says so.
+    the caller's transaction on ``connection`` (``connections[plain.using]``, which the caller
+    also needs): :func:`insert_new_job`'s statement (the row, its ``enqueued`` event, the
+    NOTIFYs, the queue's size-limit guard; prepared), without building a :class:`NewJob` or a
+    :class:`NewRow` first. Only where :func:`plain_job` made ``plain``.
 
     ``enqueue()`` of a plain job is a hot path bound by the client's Python as much as by the
     database: this path is what that costs, and no more. Returns ``(id, enqueued_at,
     trace_id)``, or None when the queue has a size limit: nothing was inserted, and the caller
     goes through :func:`insert_new_job`, which admits the job under the queue's lock.
     """
-    d = driver(plain.using)
-    conn = d.connection
+    d = DRIVERS[connection.vendor](plain.using, connection)
     now = timezone.now()
     job_id = uuid7()
-    trace_id = trace_id_for_new_job(plain.trace_id)
+    trace_id = trace_id_for_new_job(plain.trace_id, own=job_id)
     queue = plain.queue
-    wake = _first_notify_in_transaction(conn, queue)
-    # In insert_sql's column order (see _insert_params): enqueued_at None is the database clock.
+    wake = _first_notify_in_transaction(connection, queue)
+    # drivers.inserts.PLAIN_PARAMS; enqueued_at is the database clock.
     params = [
-        job_id, plain.backend, queue, plain.task_path, args_json, kwargs_json, _WAITING, plain.priority, now,
-        plain.options_json, plain.max_attempts, None, ready_seq(now, plain.lifo), trace_id, None, None, None, False,
-        queue,
+        job_id, queue, plain.task_path, args_json, kwargs_json, plain.priority, now, plain.options_json,
+        plain.max_attempts, ready_seq(now, plain.lifo), trace_id, queue,
     ]  # fmt: skip
-    if wake:
-        params.append(plain.notify_channel)
-    events = plain.events_channel is not None
-    if events:
-        params.append(plain.events_channel)
-    inserted, stored = d.insert_plain_job(params, notify=wake, events=events)
+    inserted, stored = d.insert_plain_job(
+        plain.backend,
+        params,
+        notify_channel=plain.notify_channel if wake else None,
+        events_channel=plain.events_channel,
+    )
     if not inserted:
-        if wake and conn.in_atomic_block and not conn.savepoint_ids:
-            _sent_in_transaction(conn).discard(queue)  # that NOTIFY went with no row
+        if wake and connection.in_atomic_block and not connection.savepoint_ids:
+            _sent_in_transaction(connection).discard(queue)  # that NOTIFY went with no row
         return None
     return job_id, d.to_dt(stored), trace_id
-
-
-_WAITING = JobState.WAITING.value
 
 
 def _new_job(job: NewJob, **row: Any) -> Job:
@@ -187,8 +185,9 @@ def _new_row(
     delayed = run_after is not None and run_after > now
     available_at = run_after if delayed else now
     partition = job.partition
+    job_id = uuid7()
     return NewRow(
-        id=uuid7(),
+        id=job_id,
         backend=job.backend,
         queue=job.queue,
         task_path=job.task_path,
@@ -201,7 +200,7 @@ def _new_row(
         max_attempts=job.max_attempts,
         enqueued_at=given if given is not None or database_clock else now,
         seq=ready_seq(available_at, job.lifo),
-        trace_id=trace_id_for_new_job(job.trace_id),
+        trace_id=trace_id_for_new_job(job.trace_id, own=job_id),
         dedup_key=dedup_key,
         idempotency_key=idempotency_key,
         partition_key=partition,

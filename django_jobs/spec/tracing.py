@@ -2,7 +2,9 @@
 
 A job's trace id is, in order: the one given with ``.using(trace_id=...)``; else the trace id of
 the job running in this thread or task (the executor sets it around the task call, so jobs a
-task enqueues inherit it); else a new one (``uuid7().hex``). :func:`django_jobs.trace` lists a
+task enqueues inherit it); else a new one, the 32 hex digits of a UUIDv7: the job's own id
+where the insert has it at hand (``task.enqueue()`` of most tasks), a fresh one elsewhere
+(``enqueue_many`` and flows share one among their jobs). :func:`django_jobs.trace` lists a
 pipeline (:mod:`django_jobs.tracing`, a layer up: it reads jobs).
 
 Part of :mod:`django_jobs.spec`: no models, so the engine takes a new job's trace id from here and
@@ -47,9 +49,11 @@ def new_trace_id() -> str:
     return uuid7().hex
 
 
-def trace_id_for_new_job(explicit: str | None = None) -> str:
-    """The trace id a job enqueued now gets: ``explicit``, else the running job's, else a new one."""
-    return explicit or _current.get() or new_trace_id()
+def trace_id_for_new_job(explicit: str | None = None, own: Any = None) -> str:
+    """The trace id a job enqueued now gets: ``explicit``, else the running job's, else a new one:
+    ``own.hex`` when the caller gives the job's own id (a UUIDv7, as new as a new trace id, and
+    one random draw less), else a fresh UUIDv7's."""
+    return explicit or _current.get() or (own.hex if own is not None else new_trace_id())
 
 
 @contextmanager

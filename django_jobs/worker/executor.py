@@ -32,6 +32,7 @@ from ..backend import JobsBackend, check_json, stored_run_after, task_for_job
 from ..backoff import compute_backoff
 from ..conf import get_settings
 from ..context import JobContext
+from ..dispatch import TaskSignal
 from ..engine import ClaimedJob, Outcome
 from ..exceptions import (
     DecryptionFailed,
@@ -49,7 +50,6 @@ from ..exceptions import (
 from ..spec.encryption import decrypt_arguments, decrypt_errors, decrypt_json, encrypt_error, encrypt_json, is_encrypted
 from ..states import JobState
 from ..tracing import running as running_trace
-from .dispatch import TaskSignal
 
 logger = logging.getLogger("django_jobs.worker")
 

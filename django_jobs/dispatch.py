@@ -1,7 +1,8 @@
-"""Sending Django's task signals from the worker, twice per job (``task_started``,
-``task_finished``), as ``Signal.send_robust`` does but without looking the receivers up each
-time: that look-up (the signal's lock, its dead-receiver sweep, a key per sender, a list of
-weak references resolved) cost more than Django's own logging receiver it then calls.
+"""Sending Django's task signals as ``Signal.send_robust`` does (the worker's ``task_started``
+and ``task_finished``, twice per job; ``enqueue()``'s ``task_enqueued``), but without looking
+the receivers up each time: that look-up (the signal's lock, its dead-receiver sweep, a key per
+sender, a list of weak references resolved) cost more than Django's own logging receiver it
+then calls.
 
 A :class:`TaskSignal` keeps, per sender, the signal's entries that concern it, and looks again
 only when the signal's receivers change (a connect, a disconnect, a weakly-referenced receiver
@@ -19,7 +20,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-logger = logging.getLogger("django_jobs.worker")
+logger = logging.getLogger("django_jobs.worker")  # where these failures were always logged
 
 _WEAK = weakref.ReferenceType
 

@@ -1,0 +1,170 @@
+"""``enqueue()`` of a plain task: the lean insert keeps Django's guarantees.
+
+On PostgreSQL the insert runs on a psycopg cursor kept between calls, unwrapped when nothing
+watches Django's cursors (no execute wrapper, no query log, Django's own ``CursorWrapper``) and
+wrapped otherwise; either way Django's error translation and broken-transaction check hold.
+``task_enqueued`` goes to each receiver robustly, at once in autocommit, on commit in a
+transaction. A job enqueued alone takes its own id as its trace id.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from django.db import DatabaseError, IntegrityError, connection, connections, transaction
+from django.db.backends import utils as db_utils
+from django.db.transaction import TransactionManagementError
+from django.tasks.signals import task_enqueued
+from django.test.utils import CaptureQueriesContext
+
+from django_jobs.drivers.inserts import PLAIN_PARAMS, pg_literal, plain_insert_sql
+from django_jobs.drivers.postgresql import observed
+from django_jobs.models import Job
+from tests import tasks
+
+PG = connection.vendor == "postgresql"
+pg_only = pytest.mark.skipif(not PG, reason="the kept, unwrapped insert cursor is PostgreSQL's")
+INSERT = "INSERT INTO django_jobs_job"
+
+
+@pytest.mark.django_db
+def test_a_job_enqueued_alone_takes_its_own_id_as_trace_id():
+    result = tasks.noop.enqueue()
+    assert result.trace_id == uuid.UUID(result.id).hex
+    assert Job.objects.get(pk=result.id).trace_id == result.trace_id
+    explicit = tasks.noop.using(trace_id="order-17").enqueue()
+    assert explicit.trace_id == "order-17"
+
+
+@pg_only
+@pytest.mark.django_db
+def test_an_execute_wrapper_alone_sees_the_insert():
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        tasks.noop.enqueue()
+    assert len([s for s in seen if INSERT in s]) == 1
+
+
+@pg_only
+@pytest.mark.django_db
+def test_the_query_log_alone_sees_the_insert():
+    with CaptureQueriesContext(connection) as captured:
+        tasks.noop.enqueue()
+    assert len([q for q in captured.captured_queries if INSERT in q["sql"]]) == 1
+
+
+@pg_only
+@pytest.mark.django_db
+def test_a_tool_that_replaced_django_cursor_execute_sees_the_insert(monkeypatch):
+    """APM agents replace ``CursorWrapper.execute``; the insert then goes through it."""
+    seen: list[str] = []
+    original = db_utils.CursorWrapper.execute
+
+    def traced(self, sql, params=None):
+        seen.append(sql)
+        return original(self, sql, params)
+
+    tasks.noop.enqueue()  # the cursor is kept from here on
+    monkeypatch.setattr(db_utils.CursorWrapper, "execute", traced)
+    tasks.noop.enqueue()
+    assert len([s for s in seen if INSERT in s]) == 1
+    monkeypatch.undo()
+    tasks.noop.enqueue()
+    assert len([s for s in seen if INSERT in s]) == 1  # Django's own again: unwrapped
+    assert Job.objects.count() == 3
+
+
+@pg_only
+@pytest.mark.django_db
+def test_an_insert_error_is_django_s_exception_on_the_unwrapped_cursor():
+    """The database's refusal arrives as Django's IntegrityError, as through Django's cursor."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE django_jobs_job ADD CONSTRAINT test_no_add CHECK (task_path <> 'tests.tasks.add')")
+    tasks.noop.enqueue()
+    assert not observed(connections["default"])  # the unwrapped path
+    with pytest.raises(IntegrityError, match="test_no_add"), transaction.atomic():
+        tasks.add.enqueue(1, 2)
+    tasks.noop.enqueue()  # the connection and the kept cursor still work
+    assert sorted(Job.objects.values_list("task_path", flat=True)) == ["tests.tasks.noop"] * 2
+
+
+@pg_only
+@pytest.mark.django_db
+def test_an_enqueue_in_a_broken_transaction_raises_as_django_does():
+    tasks.noop.enqueue()
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(savepoint=False), connection.cursor() as cursor:
+            cursor.execute("SELECT 1/0")
+        with pytest.raises(TransactionManagementError):
+            tasks.noop.enqueue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_autocommit_task_enqueued_reaches_every_receiver_robustly(caplog):
+    """A receiver that raises is logged; the next still runs; the job is stored and returned."""
+    got: list[str] = []
+
+    def bad(sender, task_result, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    def good(sender, task_result, **kwargs):
+        got.append(task_result.id)
+
+    task_enqueued.connect(bad)
+    task_enqueued.connect(good)
+    try:
+        with caplog.at_level(logging.ERROR):
+            result = tasks.noop.enqueue()
+    finally:
+        task_enqueued.disconnect(bad)
+        task_enqueued.disconnect(good)
+    assert got == [result.id]
+    assert Job.objects.filter(pk=result.id).exists()
+    assert any("receiver bug" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_a_transaction_task_enqueued_waits_for_the_commit():
+    got: list[str] = []
+
+    def good(sender, task_result, **kwargs):
+        got.append(task_result.id)
+
+    task_enqueued.connect(good)
+    try:
+        with transaction.atomic():
+            result = tasks.noop.enqueue()
+            assert got == []
+        assert got == [result.id]
+        with transaction.atomic():
+            tasks.noop.enqueue()
+            transaction.set_rollback(True)
+        assert got == [result.id]  # rolled back: never sent
+    finally:
+        task_enqueued.disconnect(good)
+
+
+@pg_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["plain", "it's", "back\\slash", "100%", "%s", "%(x)s", "mix '\\% end", ""])
+def test_a_literal_in_the_plain_insert_reads_back_as_written(value):
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {pg_literal(value)}, %s", [1])
+        assert cursor.fetchone() == (value, 1)
+
+
+def test_the_plain_insert_has_one_placeholder_per_parameter():
+    for notify in ("django_jobs", None):
+        for events in ("django_jobs_events", None):
+            sql = plain_insert_sql("de'fault", notify, events)
+            assert sql.count("%s") == len(PLAIN_PARAMS)
+            assert "E'de''fault'" in sql
+            assert ("pg_notify(E'django_jobs'" in sql) == (notify is not None)
+            assert ("INSERT INTO django_jobs_event" in sql) == (events is not None)
