@@ -548,7 +548,7 @@ class JobsBackend(BaseTaskBackend):
         job_id, enqueued_at, trace_id = inserted
         result = _waiting_result(task, self.alias, str(job_id), enqueued_at, args, kwargs, trace_id)
         sender = type(self)
-        if not conn.in_atomic_block and conn.get_autocommit():
+        if not conn.in_atomic_block and conn.autocommit:  # connected: the insert just ran
             # Committed already: what on_commit(robust=True) would do now, minus its look-ups.
             _ENQUEUED.send(sender, result)
         else:

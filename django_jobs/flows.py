@@ -33,10 +33,9 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.tasks import Task
 from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_enqueued
 
 from . import engine
-from .backend import JobsBackend
+from .backend import _ENQUEUED, JobsBackend
 from .exceptions import InvalidFlow, JobsError
 from .models import Job
 from .spec.newjob import NewJob
@@ -141,8 +140,8 @@ def _enqueue(root: Flow, parent: Any) -> Any:
     results = [backend._result_from_job(job, task) for job, task in zip(inserted, tasks, strict=True)]
 
     def send() -> None:
-        for result in results:
-            task_enqueued.send(type(backend), task_result=result)
+        for result in results:  # each receiver robustly, as enqueue() sends it
+            _ENQUEUED.send(type(backend), result)
 
     transaction.on_commit(send, using=using, robust=True)
     return results[0]
