@@ -34,7 +34,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from .conf import get_settings
-from .dispatch import TaskSignal
+from .dispatch import ENQUEUED
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions, RunAfterOutOfRange
 from .spec.backoff import backoff_path
 from .spec.dedup import Dedup
@@ -84,9 +84,6 @@ _NORMALIZED: contextvars.ContextVar[bool] = contextvars.ContextVar("django_jobs_
 _PLAIN: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
 _PLAIN_MAX = 512
 _READY = TaskResultStatus.READY
-#: ``task_enqueued`` as enqueue sends it: each receiver called robustly, looked up per sender
-#: only when the signal's receivers change (see django_jobs.dispatch).
-_ENQUEUED = TaskSignal(task_enqueued)
 #: django_jobs.engine once :func:`_load_engine` imported it: enqueue() reads it without an import
 #: statement, whose look-up was a few µs of a one-job enqueue.
 _ENGINE: Any = None
@@ -267,13 +264,13 @@ def _send_enqueued(sender: type, results: list[Any]) -> None:
     receivers = _sync_receivers(task_enqueued, sender)
     for result in results:
         if receivers is None:
-            _ENQUEUED.send(sender, result)
+            ENQUEUED.send(sender, result)
             continue
         for receiver in receivers:
             try:
                 receiver(signal=task_enqueued, sender=sender, task_result=result)
-            except Exception:
-                logger.exception("A task_enqueued receiver raised for job %s.", result.id)
+            except Exception as err:  # noqa: BLE001 - logged as send_robust would; the others still run
+                ENQUEUED.failed(receiver, result, err)
 
 
 def _sync_receivers(signal: Any, sender: type) -> list[Any] | None:
@@ -550,9 +547,9 @@ class JobsBackend(BaseTaskBackend):
         sender = type(self)
         if not conn.in_atomic_block and conn.autocommit:  # connected: the insert just ran
             # Committed already: what on_commit(robust=True) would do now, minus its look-ups.
-            _ENQUEUED.send(sender, result)
+            ENQUEUED.send(sender, result)
         else:
-            transaction.on_commit(lambda: _ENQUEUED.send(sender, result), using=plain.using, robust=True)
+            transaction.on_commit(lambda: ENQUEUED.send(sender, result), using=plain.using, robust=True)
         return result
 
     def _enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
@@ -587,7 +584,7 @@ class JobsBackend(BaseTaskBackend):
             row = engine.insert_new_job(job, using=self.database)
             result = self._result_from_new_job(row, task, plain=(args, kwargs) if encrypted else None)
         if not result.duplicate:
-            transaction.on_commit(lambda: _ENQUEUED.send(type(self), result), using=self.database, robust=True)
+            transaction.on_commit(lambda: ENQUEUED.send(type(self), result), using=self.database, robust=True)
         return result
 
     def _enqueue_deduplicated(

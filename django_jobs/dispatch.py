@@ -19,8 +19,7 @@ import weakref
 from typing import Any
 
 from django.dispatch import Signal
-
-logger = logging.getLogger("django_jobs.worker")  # where these failures were always logged
+from django.tasks.signals import task_enqueued
 
 _WEAK = weakref.ReferenceType
 
@@ -28,14 +27,16 @@ _WEAK = weakref.ReferenceType
 class TaskSignal:
     """``send`` is ``signal.send_robust(sender=..., task_result=...)`` with failures logged."""
 
-    __slots__ = ("_entries", "_seen", "signal")
+    __slots__ = ("_cache", "logger", "signal")
 
-    def __init__(self, signal: Signal):
+    def __init__(self, signal: Signal, logger_name: str = "django_jobs.worker"):
         self.signal = signal
+        #: Where a receiver's failure is logged (besides Django's ``django.dispatch``).
+        self.logger = logging.getLogger(logger_name)
         #: ``signal.receivers`` as last seen (a copy), and per sender its (receiver, sender_ref)
-        #: entries, or None: send through send_robust.
-        self._seen: list[Any] | None = None
-        self._entries: dict[Any, list[tuple[Any, Any]] | None] = {}
+        #: entries, or None: send through send_robust. One tuple, replaced whole, so threads
+        #: sending at once never mix a new receivers list with entries made from an old one.
+        self._cache: tuple[list[Any] | None, dict[Any, list[tuple[Any, Any]] | None]] = (None, {})
 
     def send(self, sender: Any, task_result: Any) -> None:
         """Call each receiver of ``sender`` with ``task_result``; one that raises is logged (by
@@ -45,7 +46,9 @@ class TaskSignal:
         if entries is None:
             for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
                 if isinstance(response, Exception):
-                    _log_failure(receiver, task_result, response)
+                    self.logger.error(
+                        "Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response
+                    )
             return
         for receiver, sender_ref in entries:
             if isinstance(receiver, _WEAK):  # weakref.ref or WeakMethod
@@ -57,26 +60,33 @@ class TaskSignal:
             try:
                 receiver(signal=signal, sender=sender, task_result=task_result)
             except Exception as err:  # noqa: BLE001 - as send_robust: logged, the others still run
-                log_robust = getattr(signal, "_log_robust_failure", None)
-                if log_robust is not None:
-                    log_robust(receiver, err)
-                _log_failure(receiver, task_result, err)
+                self.failed(receiver, task_result, err)
+
+    def failed(self, receiver: Any, task_result: Any, err: Exception) -> None:
+        """Log ``receiver``'s exception for ``task_result``'s job as send_robust would (Django's
+        ``django.dispatch`` logger), and on :attr:`logger` with the job's id."""
+        log_robust = getattr(self.signal, "_log_robust_failure", None)
+        if log_robust is not None:
+            log_robust(receiver, err)
+        self.logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=err)
 
     def _for(self, sender: Any) -> list[tuple[Any, Any]] | None:
         signal = self.signal
         if getattr(signal, "_dead_receivers", True):
             return None  # a collected receiver awaits Django's sweep, which send_robust makes
         receivers = signal.receivers
-        if self._seen != receivers:  # connected or disconnected since: look again
-            self._seen = list(receivers)
-            self._entries = {}
+        seen, entries = self._cache
+        if seen != receivers:  # connected or disconnected since: look again
+            seen, entries = list(receivers), {}
+            self._cache = (seen, entries)
         try:
-            return self._entries[sender]
+            return entries[sender]
         except KeyError:
             pass
-        entries = _entries_of(self._seen, sender)
-        self._entries[sender] = entries
-        return entries
+        # Made from ``seen``, stored in the dict that goes with it: when another thread has
+        # replaced the cache meanwhile, this lands in the old dict, which nothing reads again.
+        found = entries[sender] = _entries_of(seen, sender)
+        return found
 
 
 def _entries_of(receivers: list[Any], sender: Any) -> list[tuple[Any, Any]] | None:
@@ -99,8 +109,8 @@ def _entries_of(receivers: list[Any], sender: Any) -> list[tuple[Any, Any]] | No
     return out
 
 
-def _log_failure(receiver: Any, task_result: Any, err: Exception) -> None:
-    logger.error("Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=err)
+#: ``task_enqueued`` as ``enqueue()``, ``enqueue_many()`` and flows send it, failures logged on
+#: ``django_jobs.backend``.
+ENQUEUED = TaskSignal(task_enqueued, "django_jobs.backend")
 
-
-__all__ = ["TaskSignal"]
+__all__ = ["ENQUEUED", "TaskSignal"]

@@ -35,7 +35,8 @@ from django.tasks import Task
 from django.tasks.exceptions import InvalidTask
 
 from . import engine
-from .backend import _ENQUEUED, JobsBackend
+from .backend import JobsBackend
+from .dispatch import ENQUEUED
 from .exceptions import InvalidFlow, JobsError
 from .models import Job
 from .spec.newjob import NewJob
@@ -141,7 +142,7 @@ def _enqueue(root: Flow, parent: Any) -> Any:
 
     def send() -> None:
         for result in results:  # each receiver robustly, as enqueue() sends it
-            _ENQUEUED.send(type(backend), result)
+            ENQUEUED.send(type(backend), result)
 
     transaction.on_commit(send, using=using, robust=True)
     return results[0]

@@ -127,7 +127,33 @@ def test_in_autocommit_task_enqueued_reaches_every_receiver_robustly(caplog):
         task_enqueued.disconnect(good)
     assert got == [result.id]
     assert Job.objects.filter(pk=result.id).exists()
-    assert any("receiver bug" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+    assert any(
+        r.name == "django_jobs.backend" and f"raised for job {result.id}" in r.getMessage() and r.exc_info
+        for r in caplog.records
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_many_reaches_every_receiver_robustly(caplog):
+    got: list[str] = []
+
+    def bad(sender, task_result, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    def good(sender, task_result, **kwargs):
+        got.append(task_result.id)
+
+    task_enqueued.connect(bad)
+    task_enqueued.connect(good)
+    try:
+        with caplog.at_level(logging.ERROR), transaction.atomic():
+            results = tasks.noop.enqueue_many([(), ()])
+    finally:
+        task_enqueued.disconnect(bad)
+        task_enqueued.disconnect(good)
+    assert got == [r.id for r in results]
+    failures = [r for r in caplog.records if r.name == "django_jobs.backend" and "raised for job" in r.getMessage()]
+    assert len(failures) == 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -158,6 +184,29 @@ def test_a_literal_in_the_plain_insert_reads_back_as_written(value):
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {pg_literal(value)}, %s", [1])
         assert cursor.fetchone() == (value, 1)
+
+
+def test_a_nul_character_cannot_become_a_literal():
+    with pytest.raises(ValueError, match="NUL"):
+        pg_literal("de\x00fault")
+
+
+@pg_only
+@pytest.mark.django_db
+def test_a_connection_s_own_make_cursor_or_a_replaced_execute_step_counts_as_watched(monkeypatch):
+    conn = connections["default"]
+    tasks.noop.enqueue()
+    assert not observed(conn)
+    monkeypatch.setattr(conn, "make_cursor", conn.make_cursor)  # set on the instance
+    assert observed(conn)
+    monkeypatch.undo()
+    assert not observed(conn)
+    for name in ("_execute", "_execute_with_wrappers"):
+        original = getattr(db_utils.CursorWrapper, name)
+        monkeypatch.setattr(db_utils.CursorWrapper, name, lambda self, *a, _o=original, **k: _o(self, *a, **k))
+        assert observed(conn)
+        monkeypatch.undo()
+    assert not observed(conn)
 
 
 def test_the_plain_insert_has_one_placeholder_per_parameter():

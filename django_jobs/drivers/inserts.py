@@ -102,6 +102,8 @@ def pg_literal(value: str | bool | None) -> str:
         return "NULL"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if "\x00" in value:  # libpq would end the statement's text there
+        raise ValueError(f"{value!r} holds a NUL character, which a PostgreSQL statement cannot carry")
     return "E'" + value.replace("\\", "\\\\").replace("'", "''").replace("%", "%%") + "'"
 
 

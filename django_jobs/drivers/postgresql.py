@@ -462,35 +462,46 @@ def kept_cursor(connection: Any) -> Any:
 def observed(connection: Any) -> bool:
     """Whether something may watch the statements of Django's cursors on ``connection``: an
     ``execute_wrapper``, the query log (``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext``),
-    or a tool that replaced Django's ``CursorWrapper.execute`` or ``make_cursor`` (APM agents
-    do). When none does, the plain insert runs on the psycopg cursor itself, inside Django's
+    a ``make_cursor`` of the connection's own (its class's or set on it), or a tool that replaced
+    ``CursorWrapper.execute`` or the methods it calls (APM agents do). Tools that replace
+    ``connection.cursor()`` itself never saw this kept cursor. When none does, the plain insert runs on the psycopg cursor itself, inside Django's
     error translation, as the wrapper would run it; that wrapper's Python was a tenth of a
     one-job enqueue's."""
     return bool(
         connection.execute_wrappers
         or connection.queries_logged
         or type(connection).make_cursor is not _DJANGO_MAKE_CURSOR
-        or _django_execute() is None
+        or "make_cursor" in vars(connection)
+        or not _django_cursor_wrapper()
     )
 
 
-def _django_execute_original() -> Any:
-    """Django's own ``CursorWrapper.execute`` as this module found it, or None when it was
+#: The methods of Django's CursorWrapper an execute passes through, which tools replace.
+_WRAPPER_METHODS = ("execute", "_execute_with_wrappers", "_execute")
+
+
+def _django_originals() -> dict[str, Any] | None:
+    """Django's own :data:`_WRAPPER_METHODS` as this module found them, or None when one was
     already replaced then (its code is not Django's)."""
-    execute = _db_utils.CursorWrapper.__dict__.get("execute")
-    code = getattr(execute, "__code__", None)
-    if type(execute) is not types.FunctionType or code is None or code.co_filename != _db_utils.__file__:
-        return None
-    return execute
+    found = {}
+    for name in _WRAPPER_METHODS:
+        method = _db_utils.CursorWrapper.__dict__.get(name)
+        code = getattr(method, "__code__", None)
+        if type(method) is not types.FunctionType or code is None or code.co_filename != _db_utils.__file__:
+            return None
+        found[name] = method
+    return found
 
 
-_DJANGO_EXECUTE = _django_execute_original()
+_DJANGO_ORIGINALS = _django_originals()
 
 
-def _django_execute() -> Any:
-    """Django's ``CursorWrapper.execute`` when it is still Django's own; else None."""
-    current = _db_utils.CursorWrapper.__dict__.get("execute")
-    return current if _DJANGO_EXECUTE is not None and current is _DJANGO_EXECUTE else None
+def _django_cursor_wrapper() -> bool:
+    """Whether Django's CursorWrapper still runs an execute through Django's own code."""
+    if _DJANGO_ORIGINALS is None:
+        return False
+    methods = _db_utils.CursorWrapper.__dict__
+    return all(methods.get(name) is method for name, method in _DJANGO_ORIGINALS.items())
 
 
 #: A pooler refused a prepared statement (it does not keep them across transactions): from
