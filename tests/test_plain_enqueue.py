@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections, transaction
@@ -106,9 +107,9 @@ def test_an_enqueue_in_a_broken_transaction_raises_as_django_does():
             tasks.noop.enqueue()
 
 
-@pytest.mark.django_db(transaction=True)
-def test_in_autocommit_task_enqueued_reaches_every_receiver_robustly(caplog):
-    """A receiver that raises is logged; the next still runs; the job is stored and returned."""
+@pytest.fixture
+def raising_then_recording() -> Iterator[list[str]]:
+    """Two task_enqueued receivers: the first raises, the second records each job id (returned)."""
     got: list[str] = []
 
     def bad(sender, task_result, **kwargs):
@@ -120,40 +121,36 @@ def test_in_autocommit_task_enqueued_reaches_every_receiver_robustly(caplog):
     task_enqueued.connect(bad)
     task_enqueued.connect(good)
     try:
-        with caplog.at_level(logging.ERROR):
-            result = tasks.noop.enqueue()
+        yield got
     finally:
         task_enqueued.disconnect(bad)
         task_enqueued.disconnect(good)
-    assert got == [result.id]
-    assert Job.objects.filter(pk=result.id).exists()
-    assert any(
-        r.name == "django_jobs.backend" and f"raised for job {result.id}" in r.getMessage() and r.exc_info
+
+
+def _failures_logged(caplog) -> list[str]:
+    return [
+        r.getMessage()
         for r in caplog.records
-    )
+        if r.name == "django_jobs.backend" and "raised for job" in r.getMessage() and r.exc_info
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_enqueue_many_reaches_every_receiver_robustly(caplog):
-    got: list[str] = []
+def test_in_autocommit_task_enqueued_reaches_every_receiver_robustly(raising_then_recording, caplog):
+    """A receiver that raises is logged; the next still runs; the job is stored and returned."""
+    with caplog.at_level(logging.ERROR):
+        result = tasks.noop.enqueue()
+    assert raising_then_recording == [result.id]
+    assert Job.objects.filter(pk=result.id).exists()
+    assert [m for m in _failures_logged(caplog) if result.id in m]
 
-    def bad(sender, task_result, **kwargs):
-        raise RuntimeError("receiver bug")
 
-    def good(sender, task_result, **kwargs):
-        got.append(task_result.id)
-
-    task_enqueued.connect(bad)
-    task_enqueued.connect(good)
-    try:
-        with caplog.at_level(logging.ERROR), transaction.atomic():
-            results = tasks.noop.enqueue_many([(), ()])
-    finally:
-        task_enqueued.disconnect(bad)
-        task_enqueued.disconnect(good)
-    assert got == [r.id for r in results]
-    failures = [r for r in caplog.records if r.name == "django_jobs.backend" and "raised for job" in r.getMessage()]
-    assert len(failures) == 2
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_many_reaches_every_receiver_robustly(raising_then_recording, caplog):
+    with caplog.at_level(logging.ERROR), transaction.atomic():
+        results = tasks.noop.enqueue_many([(), ()])
+    assert raising_then_recording == [r.id for r in results]
+    assert len(_failures_logged(caplog)) == 2
 
 
 @pytest.mark.django_db(transaction=True)
