@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
 from django.db import connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError, TaskResultStatus
@@ -249,6 +250,20 @@ def _item_arguments(index: int, item: Any) -> tuple[Any, dict[str, Any]]:
         f"enqueue_many item {index} is {article} {name}; pass a tuple of positional args, a dict of keyword args, "
         "or django_jobs.call(*args, **kwargs)."
     )
+
+
+def _refuse_manual_transaction(conn: Any) -> None:
+    """Raise TransactionManagementError, before anything is inserted, when ``conn`` is in manual
+    transaction management (autocommit off) outside ``transaction.atomic()``: ``task_enqueued``
+    is sent on commit, which Django's ``on_commit`` refuses to promise there, and raising only
+    after the insert would leave a job in the open transaction of an ``enqueue()`` that failed."""
+    # Connected, Django keeps ``autocommit`` current; get_autocommit() would connect first.
+    if not (conn.autocommit if conn.connection is not None else conn.get_autocommit()):
+        raise TransactionManagementError(
+            "enqueue() cannot run in manual transaction management (autocommit off, outside "
+            "transaction.atomic()): its task_enqueued signal is sent when the job commits, which Django "
+            "cannot schedule there. Enqueue inside transaction.atomic(), or with autocommit on."
+        )
 
 
 def _send_enqueued(sender: type, results: list[Any]) -> None:
@@ -539,17 +554,20 @@ class JobsBackend(BaseTaskBackend):
 
         args, kwargs, args_json, kwargs_json = encode_payload(args, kwargs, cap=self.settings.MAX_PAYLOAD_BYTES)
         conn = connections[plain.using]
+        in_transaction = conn.in_atomic_block
+        if not in_transaction:
+            _refuse_manual_transaction(conn)
         inserted = engine.insert_plain_job(plain, conn, args_json, kwargs_json)
         if inserted is None:
             return None
         job_id, enqueued_at, trace_id = inserted
         result = _waiting_result(task, self.alias, str(job_id), enqueued_at, args, kwargs, trace_id)
         sender = type(self)
-        if not conn.in_atomic_block and conn.autocommit:  # connected: the insert just ran
+        if in_transaction:
+            transaction.on_commit(lambda: ENQUEUED.send(sender, result), using=plain.using, robust=True)
+        else:
             # Committed already: what on_commit(robust=True) would do now, minus its look-ups.
             ENQUEUED.send(sender, result)
-        else:
-            transaction.on_commit(lambda: ENQUEUED.send(sender, result), using=plain.using, robust=True)
         return result
 
     def _enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
@@ -560,6 +578,9 @@ class JobsBackend(BaseTaskBackend):
         self.validate_task(task)
         args, kwargs = check_payload(args, kwargs, cap=self.settings.MAX_PAYLOAD_BYTES)
         max_attempts, options = job_fields(task, default_max_attempts=self.settings.MAX_ATTEMPTS)
+        conn = connections[self.database]
+        if not conn.in_atomic_block:
+            _refuse_manual_transaction(conn)
 
         job = NewJob.for_task(
             task,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections, transaction
@@ -19,6 +20,7 @@ from django.db.backends import utils as db_utils
 from django.db.transaction import TransactionManagementError
 from django.tasks.signals import task_enqueued
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_jobs.drivers.inserts import PLAIN_PARAMS, pg_literal, plain_insert_sql
 from django_jobs.drivers.postgresql import observed
@@ -214,3 +216,18 @@ def test_the_plain_insert_has_one_placeholder_per_parameter():
             assert "E'de''fault'" in sql
             assert ("pg_notify(E'django_jobs'" in sql) == (notify is not None)
             assert ("INSERT INTO django_jobs_event" in sql) == (events is not None)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("delayed", [False, True], ids=["plain", "general"])
+def test_an_enqueue_in_manual_transaction_management_raises_before_inserting(delayed):
+    """Autocommit off and no atomic block: Django's on_commit would refuse; nothing is inserted."""
+    task = tasks.noop.using(run_after=timezone.now() + timedelta(hours=1)) if delayed else tasks.noop
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(TransactionManagementError, match="manual transaction management"):
+            task.enqueue()
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert Job.objects.count() == 0
