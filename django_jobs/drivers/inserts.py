@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+from ..states import JobState
 from .base import EVENT_COLUMNS, EVENT_TABLE, JOB_TABLE, QUEUE_TABLE
 from .pg_sql import TXID, event_cte, event_notify
 
@@ -91,7 +92,17 @@ PLAIN_PARAMS = (
 )  # fmt: skip
 #: insert_sql's parameter positions (PostgreSQL, guarded, with both NOTIFYs) that
 #: :func:`plain_insert_sql` writes as literals, and the value of each that is not an argument.
-_PLAIN_LITERALS = {1: None, 6: "waiting", 11: None, 14: None, 15: None, 16: None, 17: False, 19: None, 20: None}
+_PLAIN_LITERALS = {
+    1: None,
+    6: JobState.WAITING.value,
+    11: None,
+    14: None,
+    15: None,
+    16: None,
+    17: False,
+    19: None,
+    20: None,
+}
 
 
 def pg_literal(value: str | bool | None) -> str:
