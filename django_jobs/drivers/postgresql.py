@@ -464,9 +464,9 @@ def observed(connection: Any) -> bool:
     ``execute_wrapper``, the query log (``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext``),
     a ``make_cursor`` of the connection's own (its class's or set on it), or a tool that replaced
     ``CursorWrapper.execute`` or the methods it calls (APM agents do). Tools that replace
-    ``connection.cursor()`` itself never saw this kept cursor. When none does, the plain insert runs on the psycopg cursor itself, inside Django's
-    error translation, as the wrapper would run it; that wrapper's Python was a tenth of a
-    one-job enqueue's."""
+    ``connection.cursor()`` itself never saw this kept cursor. When none does, the plain insert
+    runs on the psycopg cursor itself, inside Django's error translation, as the wrapper would
+    run it; that wrapper's Python was a tenth of a one-job enqueue's."""
     return bool(
         connection.execute_wrappers
         or connection.queries_logged
