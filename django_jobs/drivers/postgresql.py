@@ -466,7 +466,7 @@ def observed(connection: Any) -> bool:
     ``CursorWrapper.execute`` or the methods it calls (APM agents do). Tools that replace
     ``connection.cursor()`` itself never saw this kept cursor. When none does, the plain insert
     runs on the psycopg cursor itself, inside Django's error translation, as the wrapper would
-    run it; that wrapper's Python was a tenth of a one-job enqueue's."""
+    run it; the wrapper's Python was 3 % of a one-job enqueue's instructions."""
     return bool(
         connection.execute_wrappers
         or connection.queries_logged
