@@ -125,7 +125,7 @@ def plain_insert_sql(backend: str, notify_channel: str | None, events_channel: s
     backend's alias, the state, the NULLs and the NOTIFY channels (``notify_channel`` None: no
     wake-up NOTIFY, one went in this transaction already; ``events_channel`` None: no event).
     Its parameters are :data:`PLAIN_PARAMS`, 12 instead of 21: psycopg converts and dumps each
-    parameter on every call, and 9 parameters more were 6 % of a one-job enqueue's instructions. What
+    parameter on every call, and the 9 more were 6 % of a one-job enqueue's instructions. What
     differs between tasks stays a parameter, so all of them share one prepared statement."""
     notify, events = notify_channel is not None, events_channel is not None
     pieces = insert_sql(True, notify=notify, guarded=True, events=events).split("%s")
