@@ -41,15 +41,29 @@ class TaskSignal:
     def send(self, sender: Any, task_result: Any) -> None:
         """Call each receiver of ``sender`` with ``task_result``; one that raises is logged (by
         Django's dispatcher logger, as send_robust does, and ours) and the others still run."""
-        signal = self.signal
-        entries = self._for(sender)
-        if entries is None:
-            for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
+        receivers = self.live(sender)
+        if receivers is None:
+            for receiver, response in self.signal.send_robust(sender=sender, task_result=task_result):
                 if isinstance(response, Exception):
                     self.logger.error(
                         "Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response
                     )
             return
+        for receiver in receivers:
+            try:
+                receiver(signal=self.signal, sender=sender, task_result=task_result)
+            except Exception as err:  # noqa: BLE001 - as send_robust: logged, the others still run
+                self.failed(receiver, task_result, err)
+
+    def live(self, sender: Any) -> list[Any] | None:
+        """The receivers :meth:`send` calls for ``sender`` now, in order, weak references
+        resolved (a collected one left out); None when it goes through ``send_robust`` (an async
+        receiver, a sweep pending, Django's entries not the ones this knows). A caller sending
+        many results at once may look them up once and call them itself."""
+        entries = self._for(sender)
+        if entries is None:
+            return None
+        live = []
         for receiver, sender_ref in entries:
             if isinstance(receiver, _WEAK):  # weakref.ref or WeakMethod
                 receiver = receiver()
@@ -57,10 +71,8 @@ class TaskSignal:
                     continue
             if sender_ref is not None and sender_ref() is None:
                 continue
-            try:
-                receiver(signal=signal, sender=sender, task_result=task_result)
-            except Exception as err:  # noqa: BLE001 - as send_robust: logged, the others still run
-                self.failed(receiver, task_result, err)
+            live.append(receiver)
+        return live
 
     def failed(self, receiver: Any, task_result: Any, err: Exception) -> None:
         """Log ``receiver``'s exception for ``task_result``'s job as send_robust would (Django's
