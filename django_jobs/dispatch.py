@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from django.dispatch import Signal
@@ -41,15 +42,15 @@ class TaskSignal:
     def send(self, sender: Any, task_result: Any) -> None:
         """Call each receiver of ``sender`` with ``task_result``; one that raises is logged (by
         Django's dispatcher logger, as send_robust does, and ours) and the others still run."""
-        receivers = self.live(sender)
-        if receivers is None:
+        entries = self._for(sender)
+        if entries is None:
             for receiver, response in self.signal.send_robust(sender=sender, task_result=task_result):
                 if isinstance(response, Exception):
                     self.logger.error(
                         "Signal receiver %r raised for job %s", receiver, task_result.id, exc_info=response
                     )
             return
-        for receiver in receivers:
+        for receiver in _resolved(entries):
             try:
                 receiver(signal=self.signal, sender=sender, task_result=task_result)
             except Exception as err:  # noqa: BLE001 - as send_robust: logged, the others still run
@@ -61,18 +62,7 @@ class TaskSignal:
         receiver, a sweep pending, Django's entries not the ones this knows). A caller sending
         many results at once may look them up once and call them itself."""
         entries = self._for(sender)
-        if entries is None:
-            return None
-        live = []
-        for receiver, sender_ref in entries:
-            if isinstance(receiver, _WEAK):  # weakref.ref or WeakMethod
-                receiver = receiver()
-                if receiver is None:
-                    continue
-            if sender_ref is not None and sender_ref() is None:
-                continue
-            live.append(receiver)
-        return live
+        return None if entries is None else list(_resolved(entries))
 
     def failed(self, receiver: Any, task_result: Any, err: Exception) -> None:
         """Log ``receiver``'s exception for ``task_result``'s job as send_robust would (Django's
@@ -99,6 +89,19 @@ class TaskSignal:
         # replaced the cache meanwhile, this lands in the old dict, which nothing reads again.
         found = entries[sender] = _entries_of(seen, sender)
         return found
+
+
+def _resolved(entries: list[tuple[Any, Any]]) -> Iterator[Any]:
+    """The receivers of ``entries`` (see :meth:`TaskSignal._for`), weak references resolved and
+    those whose receiver or sender was collected left out."""
+    for receiver, sender_ref in entries:
+        if isinstance(receiver, _WEAK):  # weakref.ref or WeakMethod
+            receiver = receiver()
+            if receiver is None:
+                continue
+        if sender_ref is not None and sender_ref() is None:
+            continue
+        yield receiver
 
 
 def _entries_of(receivers: list[Any], sender: Any) -> list[tuple[Any, Any]] | None:
