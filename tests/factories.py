@@ -185,17 +185,28 @@ def pg_session(dbname: str | None = None) -> Any:
 
 
 def lock_waiters(conn: Any = None, *, query_like: str | None = None) -> int:
-    """PostgreSQL: how many other sessions of the test database wait for a lock (running a query
-    ``LIKE query_like``), read on ``conn`` (default: the test's connection)."""
-    sql = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-        "AND pid <> pg_backend_pid()"
-    )
-    with (conn or connection).cursor() as cursor:
+    """How many other sessions wait for a row lock (running a query ``LIKE query_like``), read on
+    ``conn`` (default: the test's connection): of the test database on PostgreSQL, of the server
+    on MariaDB. Poll it on MariaDB at least 0.1 s apart: InnoDB refreshes what it shows only when
+    it was last read longer ago than that."""
+    conn = conn or connection
+    if getattr(conn, "vendor", "postgresql") == "mysql":
+        sql = (
+            "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' "
+            "AND trx_mysql_thread_id <> CONNECTION_ID()"
+        )
+        query = " AND trx_query LIKE %s"
+    else:
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        query = " AND query LIKE %s"
+    with conn.cursor() as cursor:
         if query_like is None:
             cursor.execute(sql)
         else:
-            cursor.execute(sql + " AND query LIKE %s", [query_like])
+            cursor.execute(sql + query, [query_like])
         return cursor.fetchone()[0]
 
 

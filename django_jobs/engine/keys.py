@@ -10,10 +10,10 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 from django.db.models import Q
 
-from ..db import is_transient
+from ..db import retry_transient
 from ..drivers import Driver, driver
 from ..exceptions import DecryptionFailed
 from ..models import DeadLetter, GroupCursor, Job, JobDependency, Message
@@ -77,14 +77,12 @@ def rotate_encrypted(kind: str, *, using: str, limit: int, after: Any = None) ->
     ids = list(scope.order_by("id").values_list("id", flat=True)[:limit])
     if not ids:
         return RotatedBatch(0, 0, [], None)
-    for attempt in range(1, _TRIES + 1):
-        try:
-            rotated, bad = _rotate(using, model._meta.db_table, ids, column_names, rotate)
-            break
-        except DatabaseError as exc:
-            if attempt == _TRIES or not is_transient(exc):
-                raise
-            logger.info("Key rotation of %d %s after %s: %s; trying again.", len(ids), kind, after, exc)
+    rotated, bad = retry_transient(
+        lambda: _rotate(using, model._meta.db_table, ids, column_names, rotate),
+        what=f"Key rotation of {len(ids)} {kind} after {after}",
+        logger=logger,
+        tries=_TRIES,
+    )
     return RotatedBatch(len(ids), rotated, bad, ids[-1])
 
 

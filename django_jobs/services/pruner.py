@@ -7,10 +7,11 @@ from typing import Any
 from django.utils import timezone
 
 from .. import engine
+from ..db import retry_transient
 from ..engine.topic_metrics import trim_topic_metrics
 from ..models import known_queues
 from ..spec import retention
-from .base import Service
+from .base import Service, logger
 
 
 class Pruner(Service):
@@ -20,8 +21,8 @@ class Pruner(Service):
     ``METRICS_KEEP_DAYS``.
 
     Each batch of ``PRUNE_BATCH_SIZE`` rows is its own short transaction and locks only the
-    rows it deletes (SKIP LOCKED), so workers are never held up; one run stops after about a
-    second and the next run goes on. Unfinished jobs are never touched. Leader only; runs every
+    rows it deletes (SKIP LOCKED), so workers are never held up; a batch picked as a deadlock
+    victim runs again. One run stops after about a second and the next run goes on. Unfinished jobs are never touched. Leader only; runs every
     ``PRUNE_INTERVAL``.
 
     Counts: ``jobs`` (expired), ``over_count`` (beyond a count limit), ``events``, ``metrics``,
@@ -40,10 +41,12 @@ class Pruner(Service):
         counts = {"jobs": 0, "over_count": 0, "events": 0, "metrics": 0, "topic_metrics": 0}
 
         def repeat(step: Any) -> int:
-            """Run ``step`` batch after batch while it deletes full batches and time is left."""
+            """Run ``step`` batch after batch while it deletes full batches and time is left. A
+            batch the database picks as a deadlock victim (MariaDB, with a worker writing an
+            outcome) was rolled back whole, and runs again."""
             total = 0
             while True:
-                n = step()
+                n = retry_transient(step, what="Pruner batch", logger=logger)
                 total += n
                 if n < batch or time.monotonic() > deadline:
                     return total

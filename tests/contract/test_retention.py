@@ -8,6 +8,7 @@ Time is a parameter: the pruner is run with ``now`` in the future instead of wai
 from __future__ import annotations
 
 import io
+import logging
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -30,7 +31,16 @@ from django_jobs.retention import DEFAULT_AGE
 from django_jobs.testing import drain_queue
 from tests import tasks, tasks_console, tasks_flows
 from tests.conftest import wait_until
-from tests.factories import claim_job, enqueue_and_drain, job_row, jobs_settings, prune, pruner, run_python
+from tests.factories import (
+    claim_job,
+    enqueue_and_drain,
+    job_row,
+    jobs_settings,
+    lock_waiters,
+    prune,
+    pruner,
+    run_python,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -569,6 +579,63 @@ def test_the_leaders_pruner_deletes_expired_jobs(thread_worker):
         w.stop()
     assert len(results) == 5
     assert Event.objects.filter(queue="r-worker", kind="completed").count() == 5
+
+
+@pytest.mark.needs("SKIP_LOCKED")
+def test_a_pruner_batch_picked_as_a_deadlock_victim_runs_again(caplog):
+    """Another transaction holds the logs of an expired job, the pruner's batch locks the job and
+    waits for them, then the other asks for the job: a deadlock, and the pruner (the one that
+    waited first on PostgreSQL, the lighter one on MariaDB) is its victim. Its batch was rolled
+    back whole and runs again, skipping the row still locked; the run does not fail."""
+    caplog.set_level(logging.INFO, logger="django_jobs.services")
+    expired = run(tasks_console.logs_lines.using(retention={"completed": 0}), 3)
+    unfinished = tasks_console.ok.using(queue_name="r-deadlock", run_after=timedelta(hours=1)).enqueue()
+    pg = connections["default"].vendor == "postgresql"
+    other = connections.create_connection("default")
+    outcome: dict = {}
+
+    def prune_in_a_thread():
+        try:
+            outcome["counts"] = pruner().run_once()
+        except BaseException as exc:  # noqa: BLE001 - asserted in the test thread
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    side = threading.Thread(target=prune_in_a_thread, daemon=True)
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            if not pg:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
+            cursor.execute("UPDATE django_jobs_joblog SET line = 'held' WHERE job_id = %s", [str(expired.id)])
+            # Rows written make this transaction the heavier one, which InnoDB does not pick.
+            for i in range(50):
+                cursor.execute(
+                    "INSERT INTO django_jobs_joblog (job_id, idx, line, created_at) "
+                    "VALUES (%s, %s, 'weight', CURRENT_TIMESTAMP)",
+                    [str(unfinished.id), i],
+                )
+            side.start()
+            wait_until(
+                lambda: lock_waiters(query_like="DELETE FROM django_jobs_joblog%") >= 1,
+                timeout=15,
+                interval=0.2,
+                message="the pruner's batch to wait for the held logs",
+            )
+            cursor.execute("SELECT id FROM django_jobs_job WHERE id = %s FOR UPDATE", [str(expired.id)])
+            side.join(30)
+            assert not side.is_alive()
+            assert "error" not in outcome, outcome
+            assert outcome["counts"]["jobs"] == 0, "the batch ran again and skipped the job still locked"
+            assert any("Pruner batch" in r.getMessage() and "trying again" in r.getMessage() for r in caplog.records)
+        other.rollback()
+    finally:
+        other.close()
+        side.join(30)
+
+    assert prune()["jobs"] == 1
+    assert not exists(expired) and not JobLog.objects.filter(job_id=expired.id).exists()
 
 
 def test_a_pruner_running_while_workers_finish_jobs_loses_no_unfinished_job(thread_worker, probe):
