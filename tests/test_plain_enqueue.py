@@ -231,3 +231,44 @@ def test_an_enqueue_in_manual_transaction_management_raises_before_inserting(del
     finally:
         transaction.set_autocommit(True)
     assert Job.objects.count() == 0
+
+
+@pg_only
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_shared_between_threads_gives_each_insert_a_cursor_of_its_own():
+    """``inc_thread_sharing()`` (as ``LiveServerTestCase`` does): threads enqueue through one
+    connection at once, and each reads its own insert's answer, not another thread's."""
+    import threading
+
+    from django_jobs.drivers.postgresql import kept_cursor
+
+    shared = connections["default"]
+    tasks.noop.enqueue()
+    assert kept_cursor(shared) is not None
+    shared.inc_thread_sharing()
+    try:
+        assert kept_cursor(shared) is None
+        results: list = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def enqueue_on_the_shared_connection() -> None:
+            connections["default"] = shared
+            try:
+                barrier.wait(10)
+                results.extend(tasks.noop.enqueue() for _ in range(150))
+            except BaseException as exc:  # noqa: BLE001 - asserted in the test thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=enqueue_on_the_shared_connection) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        shared.dec_thread_sharing()
+    assert not errors, errors
+    stored = dict(Job.objects.filter(id__in=[r.id for r in results]).values_list("id", "enqueued_at"))
+    assert len(results) == 600 and len(stored) == 600
+    assert Job.objects.filter(task_path=results[0].task.module_path).count() == 601, "no job inserted twice"
+    assert all(r.enqueued_at == stored[uuid.UUID(r.id)] for r in results), "each result has its own row's time"

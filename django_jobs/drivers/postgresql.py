@@ -445,8 +445,12 @@ def kept_cursor(connection: Any) -> Any:
     None where prepared statements are off: use :func:`prepared_cursor` then. Unwrapped: wrap it
     (``connection._prepare_cursor``) when :func:`observed`, so the debug query log and execute
     wrappers see it. The caller must not close it. Making a psycopg cursor (its adapters, its
-    loaders) and Django's wrapper was a tenth of the client's Python in a one-job enqueue."""
-    if _refused_by_pooler or not get_settings().PREPARED_STATEMENTS:
+    loaders) and Django's wrapper was a tenth of the client's Python in a one-job enqueue.
+
+    None too while the connection is shared between threads (``inc_thread_sharing()``, as
+    ``LiveServerTestCase`` does): one thread's ``execute`` would replace the result another
+    is about to fetch from the same cursor. A cursor per call has its own."""
+    if _refused_by_pooler or not get_settings().PREPARED_STATEMENTS or connection.allow_thread_sharing:
         return None
     connection.close_if_health_check_failed()
     connection.ensure_connection()
