@@ -92,7 +92,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 @dataclass(frozen=True)
 class Sizes:
     enqueue: int = 3_000
+    #: Single enqueues per system and repeat, in this many rounds of ``enqueue / rounds``, the
+    #: two systems alternating round by round: the machine's speed drifts within a minute.
+    enqueue_rounds: int = 3
     bulk: int = 10_000
+    #: Timed bulk calls per system and repeat, the two systems alternating call by call, each
+    #: on emptied tables after a CHECKPOINT; the repeat's figure is their median (one call of
+    #: ~0.15 s is at the mercy of a hiccup).
+    bulk_calls: int = 5
     drain: int = 20_000
     latency_seconds: float = 15.0
     latency_interval: float = 0.05
@@ -102,7 +109,9 @@ class Sizes:
     index_jobs: int = 2_000
 
 
-QUICK = Sizes(enqueue=300, bulk=2_000, drain=2_000, latency_seconds=3.0, io=1_000, index_jobs=300)
+QUICK = Sizes(
+    enqueue=300, enqueue_rounds=1, bulk=2_000, bulk_calls=1, drain=2_000, latency_seconds=3.0, io=1_000, index_jobs=300
+)
 PARTS = ("enqueue", "bulk", "drain", "latency", "io", "index")
 
 
@@ -581,6 +590,7 @@ class DjangoJobs:
         with transaction.atomic():
             noop.enqueue_many(() for _ in range(1_000))  # warm up
         self.reset()
+        checkpoint()
         t0 = time.perf_counter()
         with transaction.atomic():
             results = noop.enqueue_many(() for _ in range(n))
@@ -655,7 +665,7 @@ class Pgqueuer:
 
     def bulk(self, n: int) -> float:
         self.reset()
-        return side("bulk", str(n))["rate"]
+        return side("bulk", str(n), *(["--checkpoint"] if _checkpoints[0] else []))["rate"]
 
     def prefill(self, n: int, kind: str) -> None:
         self.reset()
@@ -1064,13 +1074,19 @@ job table, writes three events per job and a per-minute metric in the same trans
 
 How each figure is taken (the system's tables are emptied before every measurement):
 
-- **enqueue**: {sizes.enqueue:,} jobs from one process, one job and one transaction each, after
-  50 to warm up: `noop.enqueue()` in autocommit; pgqueuer's `Queries.enqueue("noop", None)`.
+- **enqueue**: {sizes.enqueue:,} jobs from one process, one job and one transaction each:
+  `noop.enqueue()` in autocommit; pgqueuer's `Queries.enqueue("noop", None)`. Each repeat
+  sends them in {sizes.enqueue_rounds} rounds of {sizes.enqueue // sizes.enqueue_rounds:,} per
+  system (a fresh process for pgqueuer, 50 to warm up before each round, each round on emptied
+  tables after a `CHECKPOINT`), the two systems alternating round by round; the rate is all
+  the jobs over all the rounds' time.
   The **raw loop** is psycopg alone, `INSERT` + commit of one row of a 9-column job-like table
   with one partial index: what one commit costs on this disk.
 - **bulk enqueue**: {sizes.bulk:,} jobs in one transaction, timed to the end of the commit:
   `noop.enqueue_many(...)` in `transaction.atomic()`; pgqueuer's list form of `Queries.enqueue`
-  (one statement).
+  (one statement). Each repeat times {sizes.bulk_calls} such calls per system, the two systems
+  alternating call by call (a fresh process for each of pgqueuer's; a warm-up of 1,000 before
+  each call, then the tables emptied and a `CHECKPOINT`), and takes their median.
 - **drain**: {sizes.drain:,} waiting no-op jobs inserted beforehand; then 1 or 4 separate
   worker processes, each `manage.py runworker -c 8 --stop-when-empty` or one pgqueuer
   `QueueManager` in drain mode. The workers start while the harness holds a lock on the job
@@ -1200,11 +1216,16 @@ def main() -> None:
         say(f"run {run}/{runs} (load {os.getloadavg()[0]:.2f})")
         # Each repeat alternates which system goes first, in every scenario.
         order = systems if run % 2 else systems[::-1]
-        for system in order:
-            if wanted("enqueue"):
-                checkpoint()
-                rows["enqueue"].load.append(os.getloadavg()[0])
-                put("enqueue", system, system.enqueue(sizes.enqueue))
+        if wanted("enqueue"):
+            rows["enqueue"].load.append(os.getloadavg()[0])
+            each = sizes.enqueue // sizes.enqueue_rounds
+            seconds = {system.key: 0.0 for system in systems}
+            for i in range(sizes.enqueue_rounds):
+                for system in order if i % 2 == 0 else order[::-1]:
+                    checkpoint()
+                    seconds[system.key] += each / system.enqueue(each)
+            for system in order:
+                put("enqueue", system, each * sizes.enqueue_rounds / seconds[system.key])
                 say(f"  {system.name}: enqueue {getattr(rows['enqueue'], system.key)[-1]:,.0f}/s")
         if wanted("enqueue"):
             checkpoint()
@@ -1214,12 +1235,18 @@ def main() -> None:
             rows["raw_share"].dj.append(rows["enqueue"].dj[-1] / raw)
             rows["raw_share"].pgq.append(rows["enqueue"].pgq[-1] / raw)
             say(f"  raw INSERT + commit {raw:,.0f}/s")
-        for system in order:
-            if wanted("bulk"):
-                checkpoint()
-                rows["bulk"].load.append(os.getloadavg()[0])
-                put("bulk", system, system.bulk(sizes.bulk))
-                say(f"  {system.name}: bulk {getattr(rows['bulk'], system.key)[-1]:,.0f}/s")
+        if wanted("bulk"):
+            rows["bulk"].load.append(os.getloadavg()[0])
+            calls: dict[str, list[float]] = {system.key: [] for system in systems}
+            for i in range(sizes.bulk_calls):
+                for system in order if i % 2 == 0 else order[::-1]:
+                    calls[system.key].append(system.bulk(sizes.bulk))
+            for system in order:
+                put("bulk", system, statistics.median(calls[system.key]))
+                say(
+                    f"  {system.name}: bulk {getattr(rows['bulk'], system.key)[-1]:,.0f}/s "
+                    f"(calls {' / '.join(f'{r:,.0f}' for r in calls[system.key])})"
+                )
         for processes, suffix in ((1, "1"), (4, "4")):
             for system in order:
                 if not wanted("drain"):
