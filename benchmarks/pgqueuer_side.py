@@ -6,8 +6,8 @@ Each subcommand does one thing against the database named by ``--db`` on the ser
 
 * ``install``: pgqueuer's schema (its ``Queries.install``), unless it is there already;
 * ``enqueue N``: ``N`` single enqueues, one job (and one transaction) each, after ``--warmup``;
-* ``bulk N``: one batch enqueue of ``N`` jobs (one statement, one transaction), after a warm-up
-  and on emptied tables (``--calls K``: K of them, the median reported);
+* ``bulk N``: one batch enqueue of ``N`` jobs (one statement, one transaction), after a warm-up,
+  on emptied tables (``--checkpoint``: after a CHECKPOINT);
 * ``prefill N``: ``N`` waiting jobs in batches of 10,000 (set-up, not timed);
 * ``pace``: one job every ``--interval`` seconds for ``--seconds``, for the pickup latency;
 * ``worker``: a ``QueueManager`` with the entrypoints ``noop``, ``sleep_async`` and
@@ -73,19 +73,16 @@ async def bulk(opts: argparse.Namespace) -> dict:
     conn = await connect(opts.db)
     q = Queries(AsyncpgDriver(conn))
     await q.enqueue(["noop"] * 1_000, [None] * 1_000, [0] * 1_000)  # warm up
-    rates = []
-    for _ in range(opts.calls):
-        # As peers.py does for django-jobs before each call: empty tables, a fresh checkpoint.
-        await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
-        if opts.checkpoint:
-            await conn.execute("CHECKPOINT")
-        t0 = time.perf_counter()
-        ids = await q.enqueue(["noop"] * opts.n, [None] * opts.n, [0] * opts.n)
-        elapsed = time.perf_counter() - t0
-        if len(ids) != opts.n:
-            return {"error": f"expected {opts.n} ids, got {len(ids)}"}
-        rates.append(opts.n / elapsed)
-    return {"rate": sorted(rates)[len(rates) // 2], "rates": rates}
+    # As peers.py does for django-jobs after its warm-up: empty tables, a fresh checkpoint.
+    await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+    if opts.checkpoint:
+        await conn.execute("CHECKPOINT")
+    t0 = time.perf_counter()
+    ids = await q.enqueue(["noop"] * opts.n, [None] * opts.n, [0] * opts.n)
+    elapsed = time.perf_counter() - t0
+    if len(ids) != opts.n:
+        return {"error": f"expected {opts.n} ids, got {len(ids)}"}
+    return {"rate": opts.n / elapsed}
 
 
 async def prefill(opts: argparse.Namespace) -> dict:
@@ -152,7 +149,6 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=50, help="enqueues before the timed ones")
     p = sub.add_parser("bulk")
     p.add_argument("n", type=int)
-    p.add_argument("--calls", type=int, default=1, help="timed calls, each on empty tables; the median is the rate")
     p.add_argument("--checkpoint", action="store_true", help="a CHECKPOINT before each call")
     p = sub.add_parser("prefill")
     p.add_argument("n", type=int)

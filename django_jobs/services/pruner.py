@@ -22,8 +22,8 @@ class Pruner(Service):
 
     Each batch of ``PRUNE_BATCH_SIZE`` rows is its own short transaction and locks only the
     rows it deletes (SKIP LOCKED), so workers are never held up; a batch picked as a deadlock
-    victim runs again. One run stops after about a second and the next run goes on. Unfinished jobs are never touched. Leader only; runs every
-    ``PRUNE_INTERVAL``.
+    victim runs again. One run stops after about a second and the next run goes on. Unfinished
+    jobs are never touched. Leader only; runs every ``PRUNE_INTERVAL``.
 
     Counts: ``jobs`` (expired), ``over_count`` (beyond a count limit), ``events``, ``metrics``,
     ``topic_metrics``.
