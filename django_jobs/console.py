@@ -75,7 +75,7 @@ def moment(value: datetime, *, milliseconds: bool = False) -> str:
 
 def queue_overview(*, using: str, backend: str) -> list[QueueRow]:
     """Every queue with unfinished jobs of ``backend`` or a QueueState row, by name. Counts only
-    unfinished states (one GROUP BY over django_jobs_unfinished_idx): finished history, which
+    unfinished states (one read over the partial indexes of those states): finished history, which
     grows without bound, is never counted."""
     unfinished = Job.objects.using(using).unfinished_by_queue(backend)
     states = QueueState.objects.using(using).by_name()

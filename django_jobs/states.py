@@ -22,13 +22,28 @@ class JobState(models.TextChoices):
 #: States a job never leaves by itself (only an explicit retry re-queues failed/cancelled).
 FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 
-#: States of a job that still has to run or finish, in one fixed order: the condition of the
-#: index django_jobs_unfinished_idx and the engine's SQL spell the list the same way.
+#: States of a job that still has to run or finish, in one fixed order: the conditions of the
+#: indexes django_jobs_unfinished_idx and django_jobs_blocked_idx and the engine's SQL spell the
+#: list the same way.
 UNFINISHED_STATES: tuple[str, ...] = (
     JobState.WAITING.value,
     JobState.DELAYED.value,
     JobState.ACTIVE.value,
     JobState.WAITING_CHILDREN.value,
+)
+
+#: The unfinished jobs in disjoint parts, ``(state, blocked)`` (``blocked`` None: either), each
+#: the condition of a partial index that a plain job's row is in anyway: waiting and ready
+#: (django_jobs_ready_queue_idx), waiting for its partition's turn (django_jobs_blocked_idx),
+#: delayed (django_jobs_delayed_q_idx), running (django_jobs_active_idx) and waiting for its
+#: children (django_jobs_parent_wait_idx). No index holds every unfinished job, so a waiting
+#: job writes no index entry only the counts read: a count by queue adds up the parts.
+UNFINISHED_PARTS: tuple[tuple[str, bool | None], ...] = (
+    (JobState.WAITING.value, False),
+    (JobState.WAITING.value, True),
+    (JobState.DELAYED.value, None),
+    (JobState.ACTIVE.value, None),
+    (JobState.WAITING_CHILDREN.value, None),
 )
 
 #: Every transition the engine makes, as (from, to). Tests assert the engine stays inside it.

@@ -2,7 +2,7 @@
 
 None of them runs SELECT DISTINCT over the job table: choices come from QueueState, the last
 day's Metric rows, the settings, the task modules and the unfinished jobs (a small set the
-partial index django_jobs_unfinished_idx covers); the value in the URL is always offered. The
+partial indexes of the unfinished states cover); the value in the URL is always offered. The
 search box matches indexed columns exactly instead of Django's ``icontains`` over every field.
 """
 
@@ -137,7 +137,7 @@ class TaskFilter(_ValueFilter):
 
 
 class PriorityFilter(_ValueFilter):
-    # The choices are the priorities of unfinished jobs (django_jobs_unfinished_idx): reading
+    # The choices are the priorities of unfinished jobs (the unfinished states' indexes): reading
     # every finished job's would scan the history. The title says so.
     title = "priority (of unfinished jobs)"
     parameter_name = "priority"

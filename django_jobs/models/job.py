@@ -8,7 +8,7 @@ from typing import Any
 from django.db import models
 from django.db.models import Count, Min, Q
 
-from ..states import FINISHED_STATES, UNFINISHED_STATES, JobState
+from ..states import FINISHED_STATES, UNFINISHED_PARTS, UNFINISHED_STATES, JobState
 from ..uuid7 import uuid7
 
 
@@ -43,43 +43,58 @@ class JobQuerySet(models.QuerySet):
 
     # -- what the admin, the console (``manage.py jobs``) and the queue pages read ------------------
     #
-    # Unfinished jobs are counted through their partial index (django_jobs_unfinished_idx) and
-    # running ones through django_jobs_active_idx: what these cost follows the backlog, never the
-    # finished history, which grows without bound.
+    # Unfinished jobs are read part by part (states.UNFINISHED_PARTS), each part through the
+    # partial index its rows are in anyway, in one UNION ALL: what these cost follows the
+    # backlog, never the finished history, which grows without bound, and no plain job writes an
+    # index entry only they read.
+
+    def unfinished_parts(self) -> list[JobQuerySet]:
+        """The unfinished jobs of this queryset as disjoint querysets, one per
+        :data:`~django_jobs.states.UNFINISHED_PARTS` (each read through its own partial index)."""
+        return [self.filter(Q(state=state) if blocked is None else Q(state=state, blocked=blocked))
+                for state, blocked in UNFINISHED_PARTS]  # fmt: skip
+
+    def _unfinished_grouped(self, *by: str) -> list[tuple[Any, ...]]:
+        """``(*by, state, n, oldest available_at)`` of the unfinished jobs, one row per group and
+        state (the parts of one state added up), in one statement."""
+        parts = [
+            part.values_list(*by, "state").annotate(n=Count("id"), oldest=Min("available_at")).order_by()
+            for part in self.unfinished_parts()
+        ]
+        out: dict[tuple[Any, ...], list[Any]] = {}
+        for *key, n, oldest in parts[0].union(*parts[1:], all=True).order_by():
+            row = out.setdefault(tuple(key), [0, None])
+            row[0] += n
+            row[1] = oldest if row[1] is None or (oldest is not None and oldest < row[1]) else row[1]
+        return [(*key, n, oldest) for key, (n, oldest) in out.items()]
 
     def unfinished_by_queue(self, backend: str) -> dict[str, tuple[dict[str, int], datetime | None]]:
-        """``{queue: ({state: n}, oldest waiting available_at)}`` of ``backend``'s jobs in one
-        GROUP BY over the unfinished rows only (django_jobs_unfinished_idx): its cost follows the
-        backlog, not the history."""
-        jobs = self.filter(backend=backend, state__in=UNFINISHED_STATES)
+        """``{queue: ({state: n}, oldest waiting available_at)}`` of ``backend``'s unfinished jobs,
+        read through the partial indexes of their states (:meth:`unfinished_parts`): its cost
+        follows the backlog, not the history."""
         out: dict[str, tuple[dict[str, int], datetime | None]] = {}
-        rows = jobs.values_list("queue", "state").annotate(n=Count("id"), oldest=Min("available_at")).order_by()
-        for name, state, n, oldest in rows:
+        for name, state, n, oldest in self.filter(backend=backend)._unfinished_grouped("queue"):
             counts, waiting_since = out.get(name, ({}, None))
             counts[state] = n
             out[name] = (counts, oldest if state == JobState.WAITING else waiting_since)
         return out
 
-    def unfinished_by_task(self, backend: str, queue: str) -> models.QuerySet:
+    def unfinished_by_task(self, backend: str, queue: str) -> list[tuple[str, str, int, datetime | None]]:
         """``(task_path, state, n, oldest available_at)`` rows of one queue's unfinished jobs of
-        ``backend``, one per task and state (one GROUP BY over the unfinished rows)."""
-        return (
-            self.filter(backend=backend, queue=queue, state__in=UNFINISHED_STATES)
-            .values_list("task_path", "state")
-            .annotate(n=Count("id"), oldest=Min("available_at"))
-            .order_by()
-        )
+        ``backend``, one per task and state (one statement over the unfinished parts)."""
+        return self.filter(backend=backend, queue=queue)._unfinished_grouped("task_path")
 
-    def unfinished_values(self, limit: int = 1000) -> models.QuerySet:
+    def unfinished_values(self, limit: int = 1000) -> list[tuple[str, str, int]]:
         """Distinct ``(queue, task_path, priority)`` of the unfinished jobs of every backend, at
-        most ``limit`` of them: a small set the partial index django_jobs_unfinished_idx covers
+        most ``limit`` of them: a small set the partial indexes of the unfinished parts cover
         (the admin's filters offer them as choices)."""
-        return (
-            self.filter(state__in=UNFINISHED_STATES)
-            .order_by()
-            .values_list("queue", "task_path", "priority")
-            .distinct()[:limit]
-        )
+        parts = [p.order_by().values_list("queue", "task_path", "priority").distinct() for p in self.unfinished_parts()]
+        return list(parts[0].union(*parts[1:]).order_by()[:limit])
+
+    def has_unfinished(self) -> bool:
+        """Whether any job of this queryset is unfinished (an EXISTS per part, each on the
+        partial index of its state)."""
+        return any(part.exists() for part in self.unfinished_parts())
 
     def running_by_worker(self, backend: str) -> dict[str, int]:
         """``{worker_id: n}`` of ``backend``'s active jobs (one GROUP BY over the active jobs)."""
@@ -220,6 +235,12 @@ class Job(models.Model):
             models.Index(fields=["parent"], name="django_jobs_parent_idx", condition=Q(parent__isnull=False)),
             # Delayed jobs by due time (the promoter).
             models.Index(fields=["available_at"], name="django_jobs_delayed_idx", condition=Q(state="delayed")),
+            # Delayed jobs by queue: the delayed part of a queue's size (max_size) and counts.
+            models.Index(
+                fields=["queue", "available_at"], name="django_jobs_delayed_q_idx", condition=Q(state="delayed")
+            ),
+            # Flow parents waiting for their children, by queue: that part of a queue's counts.
+            models.Index(fields=["queue"], name="django_jobs_parent_wait_idx", condition=Q(state="waiting-children")),
             # Active jobs by lease expiry (the rescuer).
             models.Index(fields=["lease_expires_at"], name="django_jobs_active_idx", condition=Q(state="active")),
             # Finished jobs of a queue by age: queue(...).clean() and the pruner's count limits.
@@ -230,12 +251,14 @@ class Job(models.Model):
             ),
             # Finished jobs by the time retention lets them go (the pruner).
             models.Index(fields=["purge_at"], name="django_jobs_purge_idx", condition=Q(purge_at__isnull=False)),
-            # Unfinished jobs by queue and partition, in partition order: the size a max_size
+            # Unfinished jobs of partitions, in partition order: the size a partition_max_size
             # checks, and the "is an earlier job of this partition unfinished?" probe of a claim.
+            # Only partitioned rows: a queue's own size adds up the partial indexes of the
+            # unfinished states (states.UNFINISHED_PARTS), which a plain job is in anyway.
             models.Index(
                 fields=["queue", "partition_key", "id"],
                 name="django_jobs_unfinished_idx",
-                condition=Q(state__in=list(UNFINISHED_STATES)),
+                condition=Q(state__in=list(UNFINISHED_STATES), partition_key__isnull=False),
             ),
             # Unfinished jobs that wait for their partition's turn (the PartitionSweeper's scan).
             models.Index(

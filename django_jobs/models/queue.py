@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..states import FINISHED_STATES, UNFINISHED_STATES
+from ..states import FINISHED_STATES
 from .event import Metric
 from .job import Job
 
@@ -166,7 +166,7 @@ def queue_exists(*, using: str, backend: str, name: str) -> bool:
     jobs = Job.objects.using(using).filter(backend=backend, queue=name)
     return (
         QueueState.objects.using(using).filter(name=name).exists()
-        or jobs.filter(state__in=UNFINISHED_STATES).exists()
+        or jobs.has_unfinished()
         or jobs.filter(state__in=sorted(FINISHED_STATES)).exists()
         or Metric.objects.using(using).filter(queue=name).exists()
     )
