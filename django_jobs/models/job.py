@@ -51,8 +51,10 @@ class JobQuerySet(models.QuerySet):
     def unfinished_parts(self) -> list[JobQuerySet]:
         """The unfinished jobs of this queryset as disjoint querysets, one per
         :data:`~django_jobs.states.UNFINISHED_PARTS` (each read through its own partial index)."""
-        return [self.filter(Q(state=state) if blocked is None else Q(state=state, blocked=blocked))
-                for state, blocked in UNFINISHED_PARTS]  # fmt: skip
+        parts = []
+        for state, blocked in UNFINISHED_PARTS:
+            parts.append(self.filter(state=state) if blocked is None else self.filter(state=state, blocked=blocked))
+        return parts
 
     def _unfinished_grouped(self, *by: str) -> list[tuple[Any, ...]]:
         """``(*by, state, n, oldest available_at)`` of the unfinished jobs, one row per group and
@@ -65,7 +67,8 @@ class JobQuerySet(models.QuerySet):
         for *key, n, oldest in parts[0].union(*parts[1:], all=True).order_by():
             row = out.setdefault(tuple(key), [0, None])
             row[0] += n
-            row[1] = oldest if row[1] is None or (oldest is not None and oldest < row[1]) else row[1]
+            if oldest is not None and (row[1] is None or oldest < row[1]):
+                row[1] = oldest
         return [(*key, n, oldest) for key, (n, oldest) in out.items()]
 
     def unfinished_by_queue(self, backend: str) -> dict[str, tuple[dict[str, int], datetime | None]]:
