@@ -27,7 +27,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..models import Event, Job, Lease, Metric, QueueState
 from ..models.dedup import JobDedup, JobDedupNext
-from ..states import UNFINISHED_STATES
+from ..states import UNFINISHED_PARTS, UNFINISHED_STATES
 from .topics import TopicVerbs
 
 JOB_TABLE = Job._meta.db_table
@@ -201,6 +201,29 @@ class Driver(TopicVerbs):
 
     def is_blocked(self, alias: str) -> str:
         return f"{alias}.blocked = 1"
+
+    def unfinished_part(self, alias: str, state: str, blocked: bool | None) -> str:
+        """One of states.UNFINISHED_PARTS, spelled with every term of its partial index's
+        condition (SQLite reads a partial index only for a query that repeats each term)."""
+        sql = f"{alias}.state = '{state}'"
+        if blocked is None:
+            return sql
+        if blocked:
+            return f"{sql} AND {self.is_blocked(alias)} AND {alias}.state IN {UNFINISHED_SQL}"
+        return f"{sql} AND {self.not_blocked(alias)}"
+
+    def queue_size(self, cursor: Any, queue: str, cap: int) -> int:
+        """Unfinished jobs of ``queue``, counting no further than ``cap``: the parts of
+        states.UNFINISHED_PARTS added up in one statement, each an index range of the partial
+        index its rows are in, bounded by ``cap`` (the running part reads the running jobs of
+        every queue: django_jobs_active_idx has no queue column, the workers' slots bound it)."""
+        counts = " + ".join(
+            f"(SELECT COUNT(*) FROM (SELECT 1 FROM {JOB_TABLE} j WHERE j.queue = %s AND "
+            f"{self.unfinished_part('j', *part)} LIMIT %s) p{i})"
+            for i, part in enumerate(UNFINISHED_PARTS)
+        )
+        cursor.execute(f"SELECT {counts}", [queue, cap] * len(UNFINISHED_PARTS))
+        return min(cursor.fetchone()[0], cap)
 
     def skip_locked(self) -> str:
         return "FOR UPDATE SKIP LOCKED" if self.SKIP_LOCKED else ""

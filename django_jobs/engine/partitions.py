@@ -13,7 +13,7 @@ from ..drivers.base import UNFINISHED_SQL
 from ..drivers.inserts import SIZE_LIMITED as _SIZE_LIMITED
 from ..exceptions import QueueFull
 from ..models import Job, QueueState
-from ..states import FINISHED_STATES, UNFINISHED_PARTS
+from ..states import FINISHED_STATES
 from .common import JOB_TABLE, logger
 from .effects import notify
 
@@ -35,35 +35,19 @@ def _lock_queue(cursor: Any, d: Driver, queue: str, columns: str, where: str = "
     return d.lock_queue(cursor, queue, columns, where)
 
 
-def _count_unfinished(cursor: Any, queue: str, partition: str | None, cap: int) -> int:
+def _count_unfinished(cursor: Any, d: Driver, queue: str, partition: str | None, cap: int) -> int:
     """Unfinished jobs of ``queue`` (of one ``partition``), counting no further than ``cap``.
 
-    Of a partition: an index range of django_jobs_unfinished_idx (partitioned rows only). Of a
-    whole queue: the parts of states.UNFINISHED_PARTS added up in one statement, each an index
-    range of the partial index its state's rows are in (the running part reads the running jobs
-    of every queue: django_jobs_active_idx has no queue column), each bounded by ``cap``."""
-    if partition is not None:
-        cursor.execute(
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM {JOB_TABLE} WHERE queue = %s AND partition_key = %s "
-            f"AND state IN {UNFINISHED_SQL} LIMIT %s) s",
-            [queue, partition, cap],
-        )
-        return cursor.fetchone()[0]
-    cursor.execute("SELECT " + _QUEUE_SIZE_SQL, [queue, cap] * len(UNFINISHED_PARTS))
-    return min(cursor.fetchone()[0], cap)
-
-
-def _part_sql(state: str, blocked: bool | None) -> str:
-    """The condition of one of states.UNFINISHED_PARTS, spelled as its partial index's."""
-    if blocked is None:
-        return f"state = '{state}'"
-    return f"state = '{state}' AND {'' if blocked else 'NOT '}blocked"
-
-
-_QUEUE_SIZE_SQL = " + ".join(
-    f"(SELECT COUNT(*) FROM (SELECT 1 FROM {JOB_TABLE} WHERE queue = %s AND {_part_sql(*part)} LIMIT %s) p{i})"
-    for i, part in enumerate(UNFINISHED_PARTS)
-)
+    Of a partition: an index range of django_jobs_unfinished_idx (partitioned rows only); of a
+    whole queue: :meth:`Driver.queue_size` (the partial index of each unfinished state)."""
+    if partition is None:
+        return d.queue_size(cursor, queue, cap)
+    cursor.execute(
+        f"SELECT COUNT(*) FROM (SELECT 1 FROM {JOB_TABLE} WHERE queue = %s AND partition_key = %s "
+        f"AND state IN {UNFINISHED_SQL} LIMIT %s) s",
+        [queue, partition, cap],
+    )
+    return cursor.fetchone()[0]
 
 
 def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *, batch_before: int = 0) -> bool:
@@ -84,14 +68,14 @@ def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *,
     max_size, partition_max = row
     total = sum(adding.values())
     if max_size is not None:
-        size = _count_unfinished(cursor, queue, None, max_size)
+        size = _count_unfinished(cursor, d, queue, None, max_size)
         if size + total > max_size:
             raise QueueFull(queue=queue, size=size - batch_before, limit=max_size, adding=total + batch_before)
     if partition_max is not None:
         for partition, n in adding.items():
             if partition is None:
                 continue
-            size = _count_unfinished(cursor, queue, partition, partition_max)
+            size = _count_unfinished(cursor, d, queue, partition, partition_max)
             if size + n > partition_max:
                 raise QueueFull(
                     queue=queue, partition=partition, size=size - batch_before, limit=partition_max,

@@ -7,9 +7,13 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Count, Min, Q
+from django.db.models.expressions import RawSQL
 
 from ..states import FINISHED_STATES, UNFINISHED_PARTS, UNFINISHED_STATES, JobState
 from ..uuid7 import uuid7
+
+#: ``state IN ('waiting', ...)`` with the list as literals, as the partial indexes spell it.
+_UNFINISHED_IN = "state IN (" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
 
 
 class JobQuerySet(models.QuerySet):
@@ -53,7 +57,15 @@ class JobQuerySet(models.QuerySet):
         :data:`~django_jobs.states.UNFINISHED_PARTS` (each read through its own partial index)."""
         parts = []
         for state, blocked in UNFINISHED_PARTS:
-            parts.append(self.filter(state=state) if blocked is None else self.filter(state=state, blocked=blocked))
+            part = self.filter(state=state)
+            if blocked is not None:
+                part = part.filter(blocked=blocked)
+            if blocked:
+                # Every term of django_jobs_blocked_idx's condition, the list as literals: SQLite
+                # reads a partial index only for a query that repeats each term, and it matches a
+                # bound parameter against a literal but not a list of them.
+                part = part.filter(RawSQL(_UNFINISHED_IN, (), output_field=models.BooleanField()))
+            parts.append(part)
         return parts
 
     def _unfinished_grouped(self, *by: str) -> list[tuple[Any, ...]]:

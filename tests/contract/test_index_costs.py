@@ -17,6 +17,7 @@ from django.db import connection
 
 import django_jobs
 from django_jobs import QueueFull, flow
+from django_jobs.drivers import driver
 from django_jobs.models import Job
 from tests import factories, tasks_limits
 
@@ -104,3 +105,52 @@ def test_a_queue_s_size_and_counts_see_every_part_of_the_unfinished_jobs():
     task.enqueue()
     with pytest.raises(QueueFull, match="7 unfinished job"):
         task.enqueue()
+
+
+def _full_scans(sql: str, params: list | tuple = ()) -> list[str]:
+    """The plan lines of ``sql`` that read the whole job table (with sequential scans priced
+    out on PostgreSQL, so a plan that has an index to use takes it whatever the statistics)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql, params)
+            return [row[0] for row in cursor.fetchall() if "Seq Scan on django_jobs_job" in row[0]]
+        cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        lines = [row[-1] for row in cursor.fetchall()]
+        return [line for line in lines if line.startswith("SCAN django_jobs_job") and "INDEX" not in line]
+
+
+class _Recorder:
+    """A cursor that keeps what is executed on it and answers a count of 0."""
+
+    def __init__(self):
+        self.executed = []
+
+    def execute(self, sql, params):
+        self.executed.append((sql, params))
+
+    def fetchone(self):
+        return (0,)
+
+
+def test_a_queue_s_size_and_counts_read_partial_indexes_only():
+    """The reads of a queue's size (max_size), its counts (admin, console) and the admin's
+    choices: no statement reads the whole job table, whose finished history grows unbounded."""
+    tasks_limits.quick.using(queue_name="scanned").enqueue()
+    size = _Recorder()
+    driver("default").queue_size(size, "scanned", 100)
+    reads = []  # as executed: placeholders and parameters (SQLite plans differ for literals)
+
+    def keep(execute, sql, params, many, context):
+        reads.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        Job.objects.unfinished_by_queue("default")
+        Job.objects.unfinished_by_task("default", "scanned")
+        Job.objects.unfinished_values()
+        Job.objects.filter(queue="no such queue").has_unfinished()  # all five parts asked
+    statements = [*size.executed, *reads]
+    assert len(statements) == 1 + 3 + 5
+    for sql, params in statements:
+        assert _full_scans(sql, params) == [], sql
