@@ -32,6 +32,10 @@ UNFINISHED_STATES: tuple[str, ...] = (
     JobState.WAITING_CHILDREN.value,
 )
 
+#: The unfinished states as an SQL list of literals, spelled as the partial indexes' conditions
+#: spell it, so the planners can use those indexes (SQLite's matches a list of literals only).
+UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
+
 #: The unfinished jobs in disjoint parts, ``(state, blocked)`` (``blocked`` None: either), each
 #: the condition of a partial index that a plain job's row is in anyway: waiting and ready
 #: (django_jobs_ready_queue_idx), waiting for its partition's turn (django_jobs_blocked_idx),

@@ -27,7 +27,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..models import Event, Job, Lease, Metric, QueueState
 from ..models.dedup import JobDedup, JobDedupNext
-from ..states import UNFINISHED_PARTS, UNFINISHED_STATES
+from ..states import UNFINISHED_PARTS, UNFINISHED_SQL
 from .topics import TopicVerbs
 
 JOB_TABLE = Job._meta.db_table
@@ -37,9 +37,6 @@ DEDUP_TABLE = JobDedup._meta.db_table
 DEDUP_NEXT_TABLE = JobDedupNext._meta.db_table
 METRIC_TABLE = Metric._meta.db_table
 LEASE_TABLE = Lease._meta.db_table
-#: The unfinished states as an SQL list, spelled as the condition of django_jobs_unfinished_idx
-#: so the planner can use that index.
-UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
 EVENT_COLUMNS = "txid, queue, job_id, kind, data, created_at"
 #: What a claim returns of each job, in order (engine.ClaimedJob mirrors them): these columns,
 #: then its JSON columns (CLAIM_JSON) as one JSON array, so the worker decodes one string per

@@ -9,11 +9,8 @@ from django.db import models
 from django.db.models import Count, Min, Q
 from django.db.models.expressions import RawSQL
 
-from ..states import FINISHED_STATES, UNFINISHED_PARTS, UNFINISHED_STATES, JobState
+from ..states import FINISHED_STATES, UNFINISHED_PARTS, UNFINISHED_SQL, UNFINISHED_STATES, JobState
 from ..uuid7 import uuid7
-
-#: ``state IN ('waiting', ...)`` with the list as literals, as the partial indexes spell it.
-_UNFINISHED_IN = "state IN (" + ", ".join(f"'{s}'" for s in UNFINISHED_STATES) + ")"
 
 
 class JobQuerySet(models.QuerySet):
@@ -64,7 +61,7 @@ class JobQuerySet(models.QuerySet):
                 # Every term of django_jobs_blocked_idx's condition, the list as literals: SQLite
                 # reads a partial index only for a query that repeats each term, and it matches a
                 # bound parameter against a literal but not a list of them.
-                part = part.filter(RawSQL(_UNFINISHED_IN, (), output_field=models.BooleanField()))
+                part = part.filter(RawSQL(f"state IN {UNFINISHED_SQL}", (), output_field=models.BooleanField()))
             parts.append(part)
         return parts
 
