@@ -9,7 +9,7 @@ import functools
 
 from ..states import JobState
 from .base import EVENT_COLUMNS, EVENT_TABLE, JOB_TABLE, QUEUE_TABLE
-from .pg_sql import TXID, event_cte, event_notify
+from .pg_sql import TXID, event_cte
 
 INSERT_COLUMNS = (
     "id, backend, queue, task_path, args, kwargs, state, priority, available_at, options, max_attempts, "
@@ -66,10 +66,14 @@ def insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False
         selected.append("new_job.enqueued_at")
         if notify:
             selected.append("pg_notify(%s, new_job.queue)")
+        # At most one row: the events NOTIFY goes in the select list. event_notify's join,
+        # which a statement of many rows needs for one NOTIFY, cost this one 12-15 us of the
+        # server's CPU per enqueue (docs/benchmarks.md).
+        selected.append("pg_notify(%s, '')")
         return (
             f"WITH new_job AS ({sql} RETURNING id, queue, task_path, state, enqueued_at), "
             f"{event_cte('new_job', "'enqueued'", data)} "
-            f"SELECT {', '.join(selected)} FROM new_job, {event_notify('new_job')}"
+            f"SELECT {', '.join(selected)} FROM new_job"
         )
     if once:
         if notify:  # NOTIFY only when a row was inserted
