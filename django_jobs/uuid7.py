@@ -4,6 +4,10 @@ Python 3.14 adds ``uuid.uuid7``; we support 3.12+, so this is a small generator 
 The 48-bit millisecond timestamp comes first, so ids sort by creation time and the primary
 key index stays append-mostly. A 12-bit counter seeded at random keeps ids created within the
 same millisecond (in one process) strictly increasing; the remaining 62 bits are random.
+
+The random bits come from ``os.urandom``, read 4 KiB at a time: two reads per id were two
+system calls of a one-job enqueue. A forked child drops what its parent read, so two processes
+never hand out the same bits.
 """
 
 import os
@@ -14,13 +18,35 @@ import uuid
 _lock = threading.Lock()
 _last_ms = 0
 _counter = 0
+_POOL_BYTES = 4096
+_pool = b""
+_taken = 0
+
+
+def _drop_pool() -> None:
+    global _pool, _taken
+    _pool, _taken = b"", 0
+
+
+os.register_at_fork(after_in_child=_drop_pool)
+
+
+def _random(n: int) -> int:
+    """``n`` random bytes as an int, from the pool (read again when short); call with ``_lock`` held."""
+    global _pool, _taken
+    if _taken + n > len(_pool):
+        _pool, _taken = os.urandom(max(_POOL_BYTES, n)), 0
+    start = _taken
+    _taken += n
+    return int.from_bytes(_pool[start:_taken])
 
 
 def uuid7() -> uuid.UUID:
     """Return a new UUIDv7, monotonic within this process."""
     with _lock:
         ms, counter = _next()
-    return _make(ms, counter, int.from_bytes(os.urandom(8)))
+        rand = _random(8)
+    return _make(ms, counter, rand)
 
 
 def uuid7_many(n: int) -> list[uuid.UUID]:
@@ -38,7 +64,7 @@ def _next() -> tuple[int, int]:
     ms = time.time_ns() // 1_000_000
     if ms > _last_ms:
         _last_ms = ms
-        _counter = int.from_bytes(os.urandom(2)) & 0x7FF  # leave room to count up
+        _counter = _random(2) & 0x7FF  # leave room to count up
     else:
         # Same (or an earlier, after a clock step back) millisecond: keep order by
         # counting up; when the 12-bit counter overflows, borrow the next millisecond.

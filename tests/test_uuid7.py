@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -113,3 +114,24 @@ def test_job_primary_key_defaults_to_a_uuid7():
     first, second = Job(), Job()
     assert first.id.version == 7
     assert first.id < second.id
+
+
+def test_a_forked_child_does_not_reuse_its_parent_s_random_bits():
+    """The random bits come from a pool read ahead; a child that kept its parent's pool would
+    hand out the same bits as the parent's next ids (and the same ids within one millisecond)."""
+    uuid7()  # the pool is read
+    low = (1 << 62) - 1
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.write(write_end, ",".join(str(uuid7().int & low) for _ in range(5)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end) as pipe:
+        child = {int(bits) for bits in pipe.read().split(",")}
+    parent = {uuid7().int & low for _ in range(5)}
+    assert len(child) == 5
+    assert not child & parent

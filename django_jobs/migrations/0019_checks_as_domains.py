@@ -13,7 +13,7 @@ compile a constraint once per prepared statement). A database built from the mod
 migrations (``--nomigrations``) gets the table CHECKs, which check the same values.
 
 A later migration that alters one of these six columns on PostgreSQL must keep its domain
-(Django would make it a plain column again) or replace it; tests/contract/test_index_costs.py
+(Django would make it a plain column again) or replace it; tests/contract/test_checks_as_domains.py
 fails when a column of the job table has a table CHECK or lost its domain. Changing the types
 reads the table once to check the stored values; no row is rewritten and the indexes keep their
 storage. The table is locked meanwhile: migrate with the workers stopped, or expect enqueues to
