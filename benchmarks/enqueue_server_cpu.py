@@ -75,9 +75,7 @@ def statements() -> dict[str, tuple[str, str | None]]:
     tail = ", pg_notify(E'django_jobs_events', '') FROM new_job"
     if not shipped.endswith(tail):
         raise SystemExit("plain_insert_sql's statement changed: update this benchmark's variants")
-    joined = shipped[: -len(tail)] + f" FROM new_job, {event_notify('new_job')}".replace(
-        "%s", "E'django_jobs_events'"
-    )
+    joined = shipped[: -len(tail)] + f" FROM new_job, {event_notify('new_job')}".replace("%s", "E'django_jobs_events'")
     event = shipped[shipped.index(", ev AS (") : shipped.index(" SELECT new_job.enqueued_at")]
     return {
         "shipped": ("head", shipped),
