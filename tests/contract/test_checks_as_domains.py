@@ -79,3 +79,31 @@ def test_the_values_at_the_bounds_are_stored():
     Job.objects.filter(id=job.id).update(priority=-100, max_attempts=1, attempts=0, state="waiting-children")
     row = job_row(job.id)
     assert (row.priority, row.max_attempts, row.attempts, row.state) == (-100, 1, 0, "waiting-children")
+
+
+@on_postgresql
+@pytest.mark.parametrize(
+    ("where", "index"),
+    [
+        (
+            "queue = 'q' AND partition_key = 'p' AND state IN ('waiting', 'delayed', 'active', 'waiting-children')",
+            "django_jobs_unfinished_idx",
+        ),
+        (
+            "queue = 'q' AND blocked AND state IN ('waiting', 'delayed', 'active', 'waiting-children')",
+            "django_jobs_blocked_idx",
+        ),
+        ("queue = 'q' AND state IN ('completed', 'failed', 'cancelled')", "django_jobs_finished_q_idx"),
+        ("state = 'active' AND lease_expires_at < now()", "django_jobs_active_idx"),
+        ("state = 'waiting' AND NOT blocked AND queue = 'q'", "django_jobs_ready_queue_idx"),
+    ],
+)
+def test_the_partial_indexes_still_match_their_queries_over_the_domain_columns(where, index):
+    """Changing a column's type to a domain made PostgreSQL rebuild the conditions of the
+    partial indexes that name it (``ARRAY[...]::text[]`` became ``ARRAY[(...)::text, ...]``):
+    a query spelled as the engine spells it must still be proved to fall inside each one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN SELECT id FROM django_jobs_job WHERE {where}")
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+    assert f"using {index} " in plan, plan
