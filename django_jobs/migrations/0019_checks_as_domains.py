@@ -2,8 +2,8 @@
 
 PostgreSQL 15 reads every CHECK constraint of a table back from its stored text and plans it
 again for each INSERT and UPDATE statement; a domain's constraints are read once per
-connection. The job table's seven checks cost a one-job enqueue about 30 us of the server's
-CPU, a tenth of it (docs/benchmarks.md, "Checks as domains"). As domains they refuse the same
+connection. The job table's seven checks cost a one-job enqueue 20-30 us of the server's CPU,
+a tenth of it (docs/benchmarks.md, "The hot path, lever by lever"). As domains they refuse the same
 values, with the same error (a check violation, Django's IntegrityError): ``state`` outside the
 job states, ``priority`` outside -100..100, ``max_attempts`` below 1, a counter below 0.
 
