@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -118,20 +119,25 @@ def test_job_primary_key_defaults_to_a_uuid7():
 
 def test_a_forked_child_does_not_reuse_its_parent_s_random_bits():
     """The random bits come from a pool read ahead; a child that kept its parent's pool would
-    hand out the same bits as the parent's next ids (and the same ids within one millisecond)."""
-    uuid7()  # the pool is read
-    low = (1 << 62) - 1
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            os.write(write_end, ",".join(str(uuid7().int & low) for _ in range(5)).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    os.waitpid(pid, 0)
-    with os.fdopen(read_end) as pipe:
-        child = {int(bits) for bits in pipe.read().split(",")}
-    parent = {uuid7().int & low for _ in range(5)}
-    assert len(child) == 5
-    assert not child & parent
+    hand out the same bits as the parent's next ids (and the same ids within one millisecond).
+    The fork runs in a fresh single-threaded interpreter: forking the test process, which has
+    threads, could deadlock the child."""
+    script = """
+import os
+from django_jobs.uuid7 import uuid7
+uuid7()  # the pool is read
+low = (1 << 62) - 1
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write_end, ",".join(str(uuid7().int & low) for _ in range(5)).encode())
+    os._exit(0)
+os.close(write_end)
+os.waitpid(pid, 0)
+with os.fdopen(read_end) as pipe:
+    child = {int(bits) for bits in pipe.read().split(",")}
+parent = {uuid7().int & low for _ in range(5)}
+print(len(child), len(child & parent))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["5", "0"], done.stdout + done.stderr
