@@ -9,8 +9,13 @@ block. Interleaving keeps the machine's drift (checkpoints, neighbours) out of t
 
 Variants, each on a database of its own (``bench_insert_<schema>``, re-created and migrated):
 
-* ``shipped``: the statement and schema of this build;
-* ``table checks``: the schema with migration 0019 reversed (the seven table CHECKs);
+* ``shipped``: the statement and schema of this build (a queue known to have no size limit);
+* ``size-limit probe``: the statement with the queue's size-limit guard, as
+  ``SIZE_LIMITS_REFRESH = 0`` sends it (and every enqueue did before engine.size_limits);
+* ``parent foreign key``: the schema with migration 0020 reversed (``parent_id``'s deferred
+  foreign key, checked at every commit);
+* ``table checks``: the schema with migrations 0020 and 0019 reversed (the seven table CHECKs,
+  and the foreign key);
 * ``events join``: the events NOTIFY as a join (``event_notify``), as before the select list;
 * ``no events NOTIFY``, ``no event row``: what those two cost (the event log's contracts: not
   options, a yardstick);
@@ -36,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SCHEMAS = {"head": None, "checks": "0018_unfinished_parts"}
+SCHEMAS = {"head": None, "fk": "0019_checks_as_domains", "checks": "0018_unfinished_parts"}
 RAW_TABLE = "bench_insert_raw"
 
 
@@ -71,7 +76,7 @@ def statements() -> dict[str, tuple[str, str | None]]:
     from django_jobs.drivers.inserts import plain_insert_sql
     from django_jobs.drivers.pg_sql import event_notify
 
-    shipped = plain_insert_sql("default", "django_jobs", "django_jobs_events")
+    shipped = plain_insert_sql("default", "django_jobs", "django_jobs_events", False)
     tail = ", pg_notify(E'django_jobs_events', '') FROM new_job"
     if not shipped.endswith(tail):
         raise SystemExit("plain_insert_sql's statement changed: update this benchmark's variants")
@@ -79,6 +84,8 @@ def statements() -> dict[str, tuple[str, str | None]]:
     event = shipped[shipped.index(", ev AS (") : shipped.index(" SELECT new_job.enqueued_at")]
     return {
         "shipped": ("head", shipped),
+        "size-limit probe": ("head", plain_insert_sql("default", "django_jobs", "django_jobs_events", True)),
+        "parent foreign key": ("fk", shipped),
         "table checks": ("checks", shipped),
         "events join": ("head", joined),
         "no events NOTIFY": ("head", shipped[: -len(tail)] + " FROM new_job"),
@@ -87,13 +94,14 @@ def statements() -> dict[str, tuple[str, str | None]]:
     }
 
 
-def params() -> list:
+def params(guarded: bool) -> list:
     from django_jobs.uuid7 import uuid7
 
     now = datetime.now(UTC)
     job_id = uuid7()
     seq = int(now.timestamp() * 1_000_000)
-    return [job_id, "default", "benchmarks.tasks.noop", "[]", "{}", 0, now, "{}", 1, seq, str(job_id), "default"]
+    values = [job_id, "default", "benchmarks.tasks.noop", "[]", "{}", 0, now, "{}", 1, seq, str(job_id)]
+    return [*values, "default"] if guarded else values
 
 
 RAW = (
@@ -141,7 +149,7 @@ def main() -> None:
         if sql is None:
             cursor.execute(RAW, RAW_PARAMS)
         else:
-            cursor.execute(sql, params())
+            cursor.execute(sql, params("django_jobs_queuestate" in sql))
             cursor.fetchone()
 
     for name in variants:  # warm up: prepared statements, caches

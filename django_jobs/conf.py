@@ -101,6 +101,11 @@ class JobsSettings:
     #: decrypts, so a new key goes first and an old one stays until ``jobs rotate-keys`` ran
     #: (docs/howto/encryption.md). Validated by check E009.
     ENCRYPTION_KEYS: tuple[str | bytes, ...] | list[str | bytes] = ()
+    #: Seconds a process keeps the names of the queues with a size limit (``max_size``,
+    #: ``partition_max_size``) before it reads them again; an enqueue to any other queue is then
+    #: a bare INSERT. A queue's first size limit, set in another process, holds within this
+    #: long; 0: every enqueue probes, and it holds at once (docs/howto/backpressure.md).
+    SIZE_LIMITS_REFRESH: float = 1.0
     #: LISTEN/NOTIFY channel (PostgreSQL).
     NOTIFY_CHANNEL: str = "django_jobs"
     #: SQLite: switch the database to WAL and wait this long (ms) on a locked database.
@@ -154,6 +159,9 @@ class JobsSettings:
             value = getattr(self, name)
             if not _positive(value) or not value <= most:
                 problems.append(f"{name} must be a positive number up to {most:,}.")
+        refresh = self.SIZE_LIMITS_REFRESH
+        if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or not 0 <= refresh <= 3600:
+            problems.append("SIZE_LIMITS_REFRESH must be a number of seconds from 0 to 3,600.")
         if not _positive(self.MISFIRE_GRACE):
             problems.append("MISFIRE_GRACE must be a positive number of seconds.")
         if not isinstance(self.SERVICE_BATCH_SIZE, int) or self.SERVICE_BATCH_SIZE < 1:
@@ -169,7 +177,7 @@ SETTING_NAMES = frozenset(f.name for f in fields(JobsSettings))
 #: Settings that concern the whole process, not one backend: only DJANGO_JOBS may set them.
 GLOBAL_ONLY = frozenset(
     {"NOTIFY_CHANNEL", "SQLITE_WAL", "SQLITE_BUSY_TIMEOUT_MS", "EVENTS", "EVENTS_MAX_PER_QUEUE", "RETENTION",
-     "METRICS_KEEP_DAYS", "PREPARED_STATEMENTS", "ENCRYPTION_KEYS"}
+     "METRICS_KEEP_DAYS", "PREPARED_STATEMENTS", "ENCRYPTION_KEYS", "SIZE_LIMITS_REFRESH"}
 )  # fmt: skip
 
 

@@ -59,6 +59,11 @@ def test_app_missing_from_installed_apps_is_e001():
         ({"MAX_PAYLOAD_BYTES": 0}, "MAX_PAYLOAD_BYTES"),
         ({"POLL_INTERVAL": 0}, "POLL_INTERVAL"),
         ({"SERVICE_BATCH_SIZE": 1.5}, "SERVICE_BATCH_SIZE"),
+        ({"SIZE_LIMITS_REFRESH": -1}, "SIZE_LIMITS_REFRESH"),
+        ({"SIZE_LIMITS_REFRESH": True}, "SIZE_LIMITS_REFRESH"),
+        ({"SIZE_LIMITS_REFRESH": "1"}, "SIZE_LIMITS_REFRESH"),
+        ({"SIZE_LIMITS_REFRESH": 3601}, "SIZE_LIMITS_REFRESH"),
+        ({"SIZE_LIMITS_REFRESH": float("nan")}, "SIZE_LIMITS_REFRESH"),
         ({"BACKOFF": "linear"}, "BACKOFF"),
         ({"BACKOFF": [-1]}, "BACKOFF"),
     ],
@@ -69,6 +74,12 @@ def test_invalid_django_jobs_value_is_e002(overrides, setting):
     assert ids(messages) == ["django_jobs.E002"]
     assert setting in messages[0].msg
     assert_hinted(messages)
+
+
+@pytest.mark.parametrize("refresh", [0, 0.25, 3600])
+def test_size_limits_refresh_from_0_to_an_hour_is_valid(refresh):
+    with override_settings(DJANGO_JOBS={"SIZE_LIMITS_REFRESH": refresh}):
+        assert task_backends["default"].check() == []
 
 
 def test_unknown_django_jobs_setting_is_e002_for_an_existing_backend():

@@ -9,6 +9,7 @@ transaction. A job enqueued alone takes its own id as its trace id.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Iterator
@@ -209,13 +210,13 @@ def test_a_connection_s_own_make_cursor_or_a_replaced_execute_step_counts_as_wat
 
 
 def test_the_plain_insert_has_one_placeholder_per_parameter():
-    for notify in ("django_jobs", None):
-        for events in ("django_jobs_events", None):
-            sql = plain_insert_sql("de'fault", notify, events)
-            assert sql.count("%s") == len(PLAIN_PARAMS)
-            assert "E'de''fault'" in sql
-            assert ("pg_notify(E'django_jobs'" in sql) == (notify is not None)
-            assert ("INSERT INTO django_jobs_event" in sql) == (events is not None)
+    for notify, events, guarded in itertools.product(("django_jobs", None), ("django_jobs_events", None), (0, 1)):
+        sql = plain_insert_sql("de'fault", notify, events, bool(guarded))
+        assert sql.count("%s") == len(PLAIN_PARAMS) + guarded
+        assert ("django_jobs_queuestate" in sql) == bool(guarded)
+        assert "E'de''fault'" in sql
+        assert ("pg_notify(E'django_jobs'" in sql) == (notify is not None)
+        assert ("INSERT INTO django_jobs_event" in sql) == (events is not None)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -461,11 +461,18 @@ class Driver(TopicVerbs):
         return inserted, cursor.fetchone()[0] if inserted and self.DATABASE_CLOCK else None
 
     def insert_plain_job(
-        self, backend: str, params: list[Any], *, notify_channel: str | None, events_channel: str | None
+        self,
+        backend: str,
+        params: list[Any],
+        *,
+        notify_channel: str | None,
+        events_channel: str | None,
+        guarded: bool = False,
     ) -> tuple[bool, Any]:
         """``enqueue()``'s plain insert (engine.insert_plain_job) of a job of ``backend``, where
         the driver has :attr:`FUSED_EFFECTS` and :attr:`DATABASE_CLOCK`: :meth:`insert_job`
-        (``guarded``) with the parameters of ``drivers.inserts.PLAIN_PARAMS``; its NOTIFY on
+        with the parameters of ``drivers.inserts.PLAIN_PARAMS`` (``guarded``: and the queue's
+        name again, for the size-limit guard); its NOTIFY on
         ``notify_channel`` (None: none), its event and the events NOTIFY on ``events_channel``
         (None: no event). Returns what :meth:`insert_job` returns."""
         raise NotImplementedError

@@ -89,10 +89,11 @@ def insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False
     return f"{sql} RETURNING enqueued_at" if pg else sql
 
 
-#: The parameters of :func:`plain_insert_sql`'s statement, in order.
+#: The parameters of :func:`plain_insert_sql`'s statement, in order; ``guarded`` adds the
+#: queue's name once more, for the size-limit guard.
 PLAIN_PARAMS = (
     "id", "queue", "task_path", "args", "kwargs", "priority", "available_at", "options", "max_attempts", "seq",
-    "trace_id", "queue (the size-limit guard's)",
+    "trace_id",
 )  # fmt: skip
 #: insert_sql's parameter positions (PostgreSQL, guarded, with both NOTIFYs) that
 #: :func:`plain_insert_sql` writes as literals, and the value of each that is not an argument.
@@ -123,18 +124,21 @@ def pg_literal(value: str | bool | None) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def plain_insert_sql(backend: str, notify_channel: str | None, events_channel: str | None) -> str:
-    """:func:`insert_sql` (PostgreSQL, ``guarded``) of ``enqueue()``'s plain insert, with what
-    every plain job of one backend and settings shares written into the text as literals: the
-    backend's alias, the state, the NULLs and the NOTIFY channels (``notify_channel`` None: no
-    wake-up NOTIFY, one went in this transaction already; ``events_channel`` None: no event).
-    Its parameters are :data:`PLAIN_PARAMS`, 12 instead of 21: psycopg converts and dumps each
-    parameter on every call, and the 9 more were 6 % of a one-job enqueue's instructions. What
-    differs between tasks stays a parameter, so all of them share one prepared statement."""
+def plain_insert_sql(backend: str, notify_channel: str | None, events_channel: str | None, guarded: bool) -> str:
+    """:func:`insert_sql` (PostgreSQL) of ``enqueue()``'s plain insert, with what every plain job
+    of one backend and settings shares written into the text as literals: the backend's alias,
+    the state, the NULLs and the NOTIFY channels (``notify_channel`` None: no wake-up NOTIFY, one
+    went in this transaction already; ``events_channel`` None: no event). ``guarded``: with the
+    queue's size-limit guard (``SIZE_LIMITS_REFRESH = 0``; engine.size_limits).
+
+    Its parameters are :data:`PLAIN_PARAMS`, 11 (12 guarded) instead of 21: psycopg converts and
+    dumps each parameter on every call, and the 9 more were 6 % of a one-job enqueue's
+    instructions. What differs between tasks stays a parameter, so all of them share one
+    prepared statement."""
     notify, events = notify_channel is not None, events_channel is not None
-    pieces = insert_sql(True, notify=notify, guarded=True, events=events).split("%s")
+    pieces = insert_sql(True, notify=notify, guarded=guarded, events=events).split("%s")
     literals = {**_PLAIN_LITERALS, 1: backend, 19: notify_channel, 20: events_channel}
-    positions = list(range(19)) + ([19] if notify else []) + ([20] if events else [])
+    positions = list(range(19 if guarded else 18)) + ([19] if notify else []) + ([20] if events else [])
     if len(positions) != len(pieces) - 1:
         raise AssertionError("insert_sql's parameters are not the ones plain_insert_sql knows")
     sql = [pieces[0]]

@@ -189,11 +189,17 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
         return insert_sql(True, notify=notify, once=once, guarded=guarded, events=events)
 
     def insert_plain_job(
-        self, backend: str, params: list[Any], *, notify_channel: str | None, events_channel: str | None
+        self,
+        backend: str,
+        params: list[Any],
+        *,
+        notify_channel: str | None,
+        events_channel: str | None,
+        guarded: bool = False,
     ) -> tuple[bool, Any]:
         """:meth:`insert_job` of ``enqueue()``'s plain insert (:func:`plain_insert_sql`), on a
         cursor kept for it (:func:`kept_cursor`)."""
-        sql = plain_insert_sql(backend, notify_channel, events_channel)
+        sql = plain_insert_sql(backend, notify_channel, events_channel, guarded)
         connection = self.connection
         raw = kept_cursor(connection)
         if raw is None:

@@ -35,6 +35,7 @@ from .effects import (
     _sent_in_transaction,
 )
 from .partitions import _admit, _unblock_heads
+from .size_limits import size_limited
 
 
 def insert_job(job: NewJob, *, using: str, now: datetime | None = None) -> Job:
@@ -62,17 +63,19 @@ def insert_new_job(job: NewJob, *, using: str, now: datetime | None = None) -> N
     d = driver(using)
     row = _new_row(job, now=now, database_clock=d.DATABASE_CLOCK)
     conn = d.connection
+    limited = size_limited(conn, row.queue, get_settings().SIZE_LIMITS_REFRESH)
     wake = row.state == JobState.WAITING and d.LISTEN_NOTIFY and _first_notify_in_transaction(conn, row.queue)
     with d.effects_atomic(), d.cursor(hot=True) as cursor:
-        # The common case in one statement: the INSERT carries its own "the queue has no size
-        # limit" guard (a primary-key probe), so an unlimited queue pays no extra round trip.
-        if _insert_job(cursor, d, row, wake=wake, guarded=True):
+        # The common case in one statement: a queue this process knows has no size limit gets a
+        # bare INSERT (engine.size_limits); with SIZE_LIMITS_REFRESH = 0 the INSERT carries its
+        # own "the queue has no size limit" guard (a primary-key probe), no extra round trip.
+        if not limited and _insert_job(cursor, d, row, wake=wake, guarded=limited is None):
             _enqueued_event(cursor, d, row)
             if row.partition_key is not None:
                 _unblock_heads(cursor, d, {(row.queue, row.partition_key)})
             return row
         if wake and conn.in_atomic_block and not conn.savepoint_ids:
-            _sent_in_transaction(conn).discard(row.queue)  # that NOTIFY went with no row
+            _sent_in_transaction(conn).discard(row.queue)  # no NOTIFY went with a row
         with transaction.atomic(using=using):
             _insert_new(cursor, d, using, row, wake=True)
     return row
@@ -96,6 +99,8 @@ class PlainJob(NamedTuple):
     #: The settings' NOTIFY channel, and the events' (None: EVENTS off), read when it was made.
     notify_channel: str
     events_channel: str | None
+    #: The settings' SIZE_LIMITS_REFRESH (engine.size_limits).
+    size_limits_refresh: float
 
 
 def plain_job(
@@ -112,6 +117,7 @@ def plain_job(
     return PlainJob(
         using, backend, queue, task_path, priority, max_attempts, _json(options), lifo, trace_id,
         get_settings().NOTIFY_CHANNEL, events_channel() if events_enabled() else None,
+        get_settings().SIZE_LIMITS_REFRESH,
     )  # fmt: skip
 
 
@@ -129,22 +135,29 @@ def insert_plain_job(
     trace_id)``, or None when the queue has a size limit: nothing was inserted, and the caller
     goes through :func:`insert_new_job`, which admits the job under the queue's lock.
     """
+    queue = plain.queue
+    limited = size_limited(connection, queue, plain.size_limits_refresh)
+    if limited:
+        return None
     d = DRIVERS[connection.vendor](plain.using, connection)
     now = timezone.now()
     job_id = uuid7()
     trace_id = trace_id_for_new_job(plain.trace_id, own=job_id)
-    queue = plain.queue
     wake = _first_notify_in_transaction(connection, queue)
     # drivers.inserts.PLAIN_PARAMS; enqueued_at is the database clock.
     params = [
         job_id, queue, plain.task_path, args_json, kwargs_json, plain.priority, now, plain.options_json,
-        plain.max_attempts, ready_seq(now, plain.lifo), trace_id, queue,
+        plain.max_attempts, ready_seq(now, plain.lifo), trace_id,
     ]  # fmt: skip
+    guarded = limited is None
+    if guarded:
+        params.append(queue)
     inserted, stored = d.insert_plain_job(
         plain.backend,
         params,
         notify_channel=plain.notify_channel if wake else None,
         events_channel=plain.events_channel,
+        guarded=guarded,
     )
     if not inserted:
         if wake and connection.in_atomic_block and not connection.savepoint_ids:

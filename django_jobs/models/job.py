@@ -210,10 +210,15 @@ class Job(models.Model):
     # Columns for the features that follow (dedup, flows, schedules, partitions, tracing).
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
     # Indexed by django_jobs_parent_idx, only where set: a job without a parent (nearly every
-    # job) writes no entry for it.
+    # job) writes no entry for it. No foreign-key constraint in the database (migration 0020):
+    # its check fired at every job's commit, a NULL included, which a job outside a flow must
+    # not pay for. The engine checks the parent itself (a child attaches by a guarded increment
+    # of the parent's pending_children) and nulls children before it deletes rows; Django's
+    # collector does SET_NULL for deletes through the ORM (the admin's included).
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_index=False
-    )
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_index=False,
+        db_constraint=False,
+    )  # fmt: skip
     pending_children = models.PositiveIntegerField(default=0)
     scheduler_key = models.CharField(max_length=255, null=True, blank=True)
     partition_key = models.CharField(max_length=255, null=True, blank=True)
