@@ -7,7 +7,9 @@ no schedule, in a queue with no limit, sends to the database:
 
 * the claim's "skip paused and limited queues" condition (``j.queue NOT IN (SELECT ... FROM
   django_jobs_queue ...)``) and its "is it this partition's turn" condition;
-* the insert's "this queue has no size limit" guard (a primary-key probe of the queue table).
+* the insert's "this queue has no size limit" guard (a primary-key probe of the queue table),
+  where a path still sends it: since ``engine.size_limits`` a plain ``enqueue()`` into a queue
+  without a size limit sends none in the shipped build either.
 
 What is left is what a queue without those features would need anyway: the ready-index walk,
 the lease, the outcome, the events and the metrics. The stripped build is wrong for queues that
