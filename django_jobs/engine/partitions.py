@@ -54,7 +54,8 @@ def _admit(cursor: Any, d: Driver, queue: str, adding: dict[str | None, int], *,
     """Raise QueueFull when ``adding`` (``{partition or None: new jobs}``) would take ``queue``
     or one of its partitions past its max size. Call inside a transaction, before the INSERT.
 
-    A queue without a size limit costs one primary-key probe and locks nothing. A limited one
+    A queue without a size limit costs one primary-key probe and locks nothing (a plain
+    ``enqueue()`` does not come here for it: engine.size_limits). A limited one
     is locked until the caller's transaction ends (PostgreSQL: a transaction-level advisory lock
     per queue; SQLite: the database write lock), so concurrent enqueuers count one after another
     and each sees the jobs the one before it committed (READ COMMITTED: each statement after the
