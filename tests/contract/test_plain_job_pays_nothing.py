@@ -112,26 +112,17 @@ def set_max_size_elsewhere(queue: str, n: int | None) -> None:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_with_no_refresh_a_first_limit_set_by_another_process_holds_at_once():
-    task = tasks.noop.using(queue_name="sl-exact")
-    with refresh(0):
-        task.enqueue()
-        set_max_size_elsewhere("sl-exact", 1)
+@pytest.mark.parametrize("seconds", [0, 0.5], ids=["no-refresh", "after-the-refresh"])
+def test_a_first_limit_set_by_another_process_holds(seconds):
+    """With no refresh at once (the INSERT probes); else once the names are read again (the
+    other process takes longer than the refresh to start)."""
+    task = tasks.noop.using(queue_name=f"sl-first-{seconds}")
+    with refresh(seconds):
+        task.enqueue()  # read now, where there is a refresh: the queue has no limit
+        set_max_size_elsewhere(f"sl-first-{seconds}", 1)
         with pytest.raises(QueueFull):
             task.enqueue()
-    assert unfinished("sl-exact") == 1
-
-
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_a_first_limit_set_by_another_process_holds_after_the_refresh():
-    task = tasks.noop.using(queue_name="sl-later")
-    with refresh(0.5):
-        task.enqueue()  # read now: the queue has no limit
-        set_max_size_elsewhere("sl-later", 1)  # takes longer than the refresh
-        with pytest.raises(QueueFull):
-            task.enqueue()
-    assert unfinished("sl-later") == 1
+    assert unfinished(f"sl-first-{seconds}") == 1
 
 
 @pytest.mark.slow
