@@ -39,6 +39,33 @@ logger = logging.getLogger("django_jobs.db")
 MIN_VERSION = 13  # gen_random_uuid() in core
 
 
+def _outcomes_json(rows: list[list[Any]]) -> str:
+    """The outcome batch's rows (``OUTCOME_COLUMNS``) as the statement's one JSON parameter.
+
+    The ids and lease tokens go as 32 hex digits (``UUID.hex``; PostgreSQL's ``uuid`` input
+    takes them), the timestamps as ISO text made once per distinct value (a batch's purge times
+    are one value per state and queue). Left to ``json.dumps(default=str)``, each of the four
+    was a Python call back from the C encoder, ``UUID.__str__`` the dearest: 7.9 against 2.0 µs
+    per row, 9 % of the worker's CPU while draining (docs/benchmarks.md)."""
+    texts: dict[datetime, str] = {}
+
+    def ts(value: datetime | None) -> str | None:
+        if value is None:
+            return None
+        text = texts.get(value)
+        if text is None:
+            text = texts[value] = value.isoformat()
+        return text
+
+    def ident(value: Any) -> str:
+        return value.hex if type(value) is uuid.UUID else str(value)
+
+    return json.dumps(
+        [[ident(r[0]), ident(r[1]), r[2], r[3], r[4], ts(r[5]), r[6], r[7], ts(r[8]), ts(r[9]), r[10]] for r in rows],
+        default=str,
+    )
+
+
 class PostgreSQLDriver(PgTopicVerbs, Driver):
     __slots__ = ()
     VENDOR = "postgresql"
@@ -279,7 +306,7 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
             f"(e->>9)::timestamptz, (e->>10)::bigint FROM jsonb_array_elements(%s::jsonb) e)"
         )
         update = self._outcome_update(now_sql)
-        params = [json.dumps(rows, default=str), *now_params]
+        params = [_outcomes_json(rows), *now_params]
         # The batch's events and its Metric counts ride on the same statement: no round trip
         # more, and they commit (or not) with the outcomes they count.
         events = events_channel is not None

@@ -1,11 +1,15 @@
 """The hot statements (insert, claim, outcome batch, enqueue_many) are prepared on PostgreSQL
 with a generic plan, and not at all with PREPARED_STATEMENTS off (a PgBouncer before 1.21)."""
 
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
 import pytest
 from django.db import connection
 from django.test import override_settings
 
 from django_jobs import engine
+from django_jobs.drivers.postgresql import _outcomes_json
 from django_jobs.models import Job
 from tests import tasks
 from tests.factories import claim, record
@@ -158,3 +162,19 @@ def test_claims_and_outcomes_read_the_times_django_reads():
         assert value.tzinfo is dt.UTC and getattr(row, name).tzinfo is dt.UTC, name
     record(job, queue=job.queue)
     assert Job.objects.get(pk=job.id).state == "completed"
+
+
+def test_the_outcome_batch_parameter_reads_back_as_the_values_given():
+    """The batch travels as JSON text: ids as 32 hex digits, timestamps as ISO text made once per
+    value; PostgreSQL must read back exactly what the worker meant, microseconds and all."""
+    job_id, token = uuid.uuid4(), uuid.uuid4()
+    purge = datetime(2026, 12, 4, 9, 52, 23, 693366, tzinfo=UTC)
+    elsewhere = purge.astimezone(timezone(timedelta(hours=5, minutes=30)))  # the same instant
+    text = _outcomes_json([[job_id, token, "completed", "null", None, elsewhere, 0, None, purge, purge, 1.5]])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (e->>0)::uuid, (e->>1)::uuid, (e->>5)::timestamptz, (e->>8)::timestamptz, "
+            "(e->>9)::timestamptz, (e->>10)::float FROM jsonb_array_elements(%s::jsonb) e",
+            [text],
+        )
+        assert cursor.fetchall() == [(job_id, token, purge, purge, purge, 1.5)]
