@@ -351,6 +351,22 @@ class Driver(TopicVerbs):
         cursor.execute(sql, all_params)
         return cursor.fetchall()
 
+    def claim_returning(self) -> str:
+        """What a claim returns of each job, for :meth:`claim_values`: :data:`CLAIM_COLUMNS`,
+        then the :data:`CLAIM_JSON` columns as one JSON array."""
+        return ", ".join([*CLAIM_COLUMNS, f"{self.json_array_text(CLAIM_JSON)} AS payload"])
+
+    def claim_values(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The fields of ``engine.ClaimedJob``, in its order, from a row of :meth:`claim_returning`."""
+        (jid, backend, queue, path, prio, attempts, max_attempts, token, enq, started, last, avail, seq, parent,
+         trace_id, partition, payload) = row  # fmt: skip
+        args, kwargs, options, errors, worker_ids = json.loads(payload)
+        return (
+            self.to_uuid(jid), backend, queue, path, args, kwargs, prio, attempts, max_attempts, options,
+            self.to_uuid(token), self.to_dt(enq), self.to_dt(started), self.to_dt(last), self.to_dt(avail), errors,
+            worker_ids, seq, self.to_uuid(parent) if parent is not None else None, trace_id, partition,
+        )  # fmt: skip
+
     def _claim_sql(
         self,
         where: str,
@@ -369,7 +385,7 @@ class Driver(TopicVerbs):
             f"SELECT j.id FROM {JOB_TABLE} j WHERE {where} "
             f"ORDER BY j.priority DESC, j.seq, j.id LIMIT %s {self.skip_locked()}"
         )
-        returning = ", ".join([*CLAIM_COLUMNS, f"{self.json_array_text(CLAIM_JSON)} AS payload"])
+        returning = self.claim_returning()
         sql = (
             f"UPDATE {JOB_TABLE} SET state = 'active', attempts = attempts + 1, "
             f"lease_token = %s, lease_expires_at = {lease_sql}, worker_id = %s, "

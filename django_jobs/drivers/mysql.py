@@ -26,8 +26,6 @@ from django.utils import timezone
 
 from .base import (
     CHUNK,
-    CLAIM_COLUMNS,
-    CLAIM_JSON,
     DEDUP_NEXT_TABLE,
     DEDUP_TABLE,
     EVENT_TABLE,
@@ -249,8 +247,7 @@ class MySQLDriver(Driver):
                 [self.uuid(lease_token), *lease_params, worker_id, worker_id, *now_params, *now_params, *ids],
             )
             cursor.execute(
-                f"SELECT {', '.join(CLAIM_COLUMNS)}, {self.json_array_text(CLAIM_JSON)} FROM {JOB_TABLE} "
-                f"WHERE id IN ({marks})",
+                f"SELECT {self.claim_returning()} FROM {JOB_TABLE} WHERE id IN ({marks})",
                 ids,
             )
             return list(cursor.fetchall())

@@ -3,7 +3,6 @@ write lock on SQLite) and leases them; gated queues are claimed under their queu
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -287,29 +286,4 @@ def claim_gated_jobs(
 
 
 def _claimed(d: Driver, row: tuple[Any, ...]) -> ClaimedJob:
-    (jid, backend, queue, path, prio, attempts, max_attempts, token, enq, started, last, avail, seq, parent,
-     trace_id, partition, payload) = row  # fmt: skip
-    args, kwargs, options, errors, worker_ids = json.loads(payload)
-    return ClaimedJob(
-        id=d.to_uuid(jid),
-        backend=backend,
-        queue=queue,
-        task_path=path,
-        args=args,
-        kwargs=kwargs,
-        priority=prio,
-        attempts=attempts,
-        max_attempts=max_attempts,
-        options=options,
-        lease_token=d.to_uuid(token),
-        enqueued_at=d.to_dt(enq),
-        started_at=d.to_dt(started),
-        last_attempted_at=d.to_dt(last),
-        available_at=d.to_dt(avail),
-        errors=errors,
-        worker_ids=worker_ids,
-        seq=seq,
-        parent_id=d.to_uuid(parent) if parent is not None else None,
-        trace_id=trace_id,
-        partition_key=partition,
-    )
+    return ClaimedJob(*d.claim_values(row))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import Context, ContextVar, copy_context
+from contextvars import Context, ContextVar, Token, copy_context
 from typing import Any
 
 from ..exceptions import InvalidTaskOptions
@@ -58,12 +58,22 @@ def trace_id_for_new_job(explicit: str | None = None, own: Any = None) -> str:
 
 @contextmanager
 def running(trace_id: str | None) -> Iterator[None]:
-    """Make ``trace_id`` the current trace id inside the block (the executor, around a task call)."""
+    """Make ``trace_id`` the current trace id inside the block."""
     token = _current.set(trace_id)
     try:
         yield
     finally:
         _current.reset(token)
+
+
+def enter_trace(trace_id: str | None) -> Token[str | None]:
+    """:func:`running` without the generator, for the executor's per-job path: make ``trace_id``
+    current and return the token to give :func:`leave_trace` (in a ``finally``)."""
+    return _current.set(trace_id)
+
+
+def leave_trace(token: Token[str | None]) -> None:
+    _current.reset(token)
 
 
 def context_running(trace_id: str | None) -> Context:

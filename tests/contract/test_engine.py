@@ -10,6 +10,7 @@ from functools import partial
 import pytest
 from django.core.management import call_command
 from django.db import IntegrityError, connection, connections, transaction
+from django.test.utils import override_settings
 from django.utils import timezone
 
 from django_jobs import engine
@@ -142,6 +143,35 @@ def test_claimed_job_times_are_aware_and_match_the_row():
     assert claimed.last_attempted_at == at(1)
     for value in (claimed.enqueued_at, claimed.available_at, claimed.started_at, claimed.last_attempted_at):
         assert timezone.is_aware(value)
+
+
+@db
+def test_claimed_times_are_exact_in_utc_on_every_attempt():
+    # PostgreSQL returns them as ISO text inside the claim's JSON array (drivers.postgresql
+    # claim_values): whole seconds, microseconds and a second attempt's kept started_at.
+    whole = T0.replace(microsecond=0)
+    make_job(now=whole, max_attempts=3)
+    [first] = claim(now=whole + timedelta(seconds=1, microseconds=1))
+    record(first, state=JobState.WAITING, now=whole + timedelta(seconds=2))
+    [second] = claim(now=whole + timedelta(seconds=3, microseconds=999_999))
+    assert (second.enqueued_at, second.available_at) == (whole, whole)
+    assert second.started_at == whole + timedelta(seconds=1, microseconds=1)
+    assert second.last_attempted_at == whole + timedelta(seconds=3, microseconds=999_999)
+    for value in (second.enqueued_at, second.available_at, second.started_at, second.last_attempted_at):
+        assert value.utcoffset() == timedelta(0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claimed_times_are_what_the_orm_reads_without_use_tz():
+    with override_settings(USE_TZ=False):
+        local = datetime(2026, 12, 3, 10, 0, 0, 250_000)
+        job = make_job(now=local)
+        [claimed] = claim(now=local + timedelta(seconds=1))
+        stored = Job.objects.get(id=job.id)
+        assert claimed.enqueued_at == stored.enqueued_at and claimed.enqueued_at.tzinfo is None
+        assert claimed.available_at == stored.available_at
+        assert claimed.started_at == stored.started_at == claimed.last_attempted_at == stored.last_attempted_at
+        assert claimed.started_at.tzinfo is None
 
 
 @db
