@@ -47,6 +47,11 @@ _CLAIM_PLAIN = tuple(c for c in CLAIM_COLUMNS if c not in _CLAIM_TIMES)
 _CLAIM_PAYLOAD = (*CLAIM_JSON, *_CLAIM_TIMES)
 
 
+def _iso(column: str) -> str:
+    """``column`` (a timestamptz) as ISO 8601 text, whatever the session's DateStyle (for _iso_time)."""
+    return f"to_json({column}) #>> '{{}}'"
+
+
 @functools.lru_cache(maxsize=1024)
 def _iso_time(text: str | None, use_tz: bool) -> datetime | None:
     """A time of a claimed job from its JSON text (ISO 8601 with the session's offset: UTC under
@@ -227,6 +232,11 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
         cursor.execute(sql, all_params)
         return cursor.fetchall()
 
+    def to_dt(self, value: Any) -> datetime | None:
+        if isinstance(value, str):  # a time the statement returned as ISO text (_iso)
+            return _iso_time(value, settings.USE_TZ)
+        return super().to_dt(value)
+
     def claim_returning(self) -> str:
         # The four times ride in the JSON array: psycopg's timestamptz loader was a tenth of the
         # producer's CPU per claimed job, and the times of one claim repeat (see _iso_time).
@@ -370,8 +380,10 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
             f"ON CONFLICT (queue, minute) DO UPDATE SET completed = {METRIC_TABLE}.completed + EXCLUDED.completed, "
             f"failed = {METRIC_TABLE}.failed + EXCLUDED.failed, retried = {METRIC_TABLE}.retried + EXCLUDED.retried, "
             f"runtime_ms = {METRIC_TABLE}.runtime_ms + EXCLUDED.runtime_ms) "
-            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key, r.attempts, r.last_attempted_at, "
-            f"r.finished_at FROM r" + (f", {event_notify('r')}" if events else "")
+            # The two times as ISO text, which to_dt reads (cached: one finish time per batch, one
+            # start time per claim) faster than psycopg's timestamptz loader.
+            f"SELECT r.id, r.queue, r.state, r.parent_id, r.partition_key, r.attempts, {_iso('r.last_attempted_at')}, "
+            f"{_iso('r.finished_at')} FROM r" + (f", {event_notify('r')}" if events else "")
         )
         if events:
             params += now_params  # the run time in the event's data

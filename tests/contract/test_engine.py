@@ -161,6 +161,18 @@ def test_claimed_times_are_exact_in_utc_on_every_attempt():
         assert value.utcoffset() == timedelta(0)
 
 
+@db
+def test_an_outcomes_finished_at_is_the_rows_exactly():
+    # PostgreSQL returns it as ISO text (drivers.postgresql record_outcomes), parsed once per batch.
+    jobs = [make_job() for _ in range(3)]
+    claimed = claim(now=at(1))
+    outcomes = [engine.Outcome(job_id=c.id, lease_token=c.lease_token, state=JobState.COMPLETED) for c in claimed]
+    engine.record_outcomes(outcomes, using="default", now=at(2) + timedelta(microseconds=7))
+    for job, outcome in zip(sorted(jobs, key=lambda j: j.id), sorted(outcomes, key=lambda o: o.job_id), strict=True):
+        assert outcome.finished_at == job_row(job.id).finished_at == at(2) + timedelta(microseconds=7)
+        assert outcome.finished_at.utcoffset() == timedelta(0)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_claimed_times_are_what_the_orm_reads_without_use_tz():
     with override_settings(USE_TZ=False):
@@ -172,6 +184,10 @@ def test_claimed_times_are_what_the_orm_reads_without_use_tz():
         assert claimed.available_at == stored.available_at
         assert claimed.started_at == stored.started_at == claimed.last_attempted_at == stored.last_attempted_at
         assert claimed.started_at.tzinfo is None
+        outcome = engine.Outcome(job_id=claimed.id, lease_token=claimed.lease_token, state=JobState.COMPLETED)
+        engine.record_outcomes([outcome], using="default", now=local + timedelta(seconds=2))
+        assert outcome.finished_at == Job.objects.get(id=job.id).finished_at == local + timedelta(seconds=2)
+        assert outcome.finished_at.tzinfo is None
 
 
 @db
