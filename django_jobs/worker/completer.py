@@ -66,7 +66,9 @@ class Completer(threading.Thread):
         self.using = using
         self._stopping = stopping
         self._on_written = on_written
-        self._cond = threading.Condition()
+        # submit() holds the lock directly (a Condition's `with` is two Python calls around it).
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._pending: list[engine.Outcome] = []
         self._written: list[engine.Outcome] = []  # written by their own transaction (atomic jobs)
         self._submitted: list[float] = []  # monotonic submit time of each pending outcome
@@ -79,7 +81,7 @@ class Completer(threading.Thread):
         if outcome.written_as is not None:
             self._submit_written(outcome)
             return
-        with self._cond:
+        with self._lock:
             if self._closed:
                 logger.warning(
                     "Outcome of job %s arrived after shutdown; dropped (its lease was released).", outcome.job_id

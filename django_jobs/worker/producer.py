@@ -127,6 +127,9 @@ class Producer:
         lock = threading.RLock()
         self._slots = threading.Condition(lock)
         self._work = threading.Condition(lock)
+        # Held directly on the per-job paths (next_attempt, finish): a Condition's `with` is two
+        # Python calls around the lock's.
+        self._lock = lock
         self._inflight = 0  # claimed and not finished: waiting in _ready or running
         # finish() wakes the producer once _inflight is down to this (what it waits for).
         self._want = concurrency - 1
@@ -509,7 +512,7 @@ class Producer:
     def next_attempt(self) -> Attempt | None:
         """The next claimed attempt for this executor thread, waiting while there is none; None
         once the worker shuts down."""
-        with self._slots:
+        with self._lock:
             while not self._ready:
                 if self._executors_done:
                     return None
@@ -529,7 +532,7 @@ class Producer:
     def finish(self, outcome: engine.Outcome) -> None:
         """Hand an attempt's outcome to the completer and free its slot."""
         self._completer.submit(outcome)
-        with self._slots:
+        with self._lock:
             self._inflight -= 1
             if self._prefetch_paused:
                 self._prefetch_paused -= 1
