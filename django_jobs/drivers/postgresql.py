@@ -238,8 +238,9 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
         return super().to_dt(value)
 
     def claim_returning(self) -> str:
-        # The four times ride in the JSON array: psycopg's timestamptz loader was a tenth of the
-        # producer's CPU per claimed job, and the times of one claim repeat (see _iso_time).
+        # The four times ride in the JSON array: psycopg's timestamptz loader took 1.55 µs per
+        # value (the four, a sixth of the claim's CPU in the worker), and the times of one claim
+        # repeat (see _iso_time).
         return ", ".join([*_CLAIM_PLAIN, f"jsonb_build_array({', '.join(_CLAIM_PAYLOAD)})::text AS payload"])
 
     def claim_values(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
