@@ -124,15 +124,16 @@ _CONTEXT_FIELDS = (
 )  # fmt: skip
 
 
-def _context_setters() -> tuple[Any, ...] | None:
-    """The slot setter of each of :data:`_CONTEXT_FIELDS`, or None when JobContext's fields are
-    not those (a Django whose TaskContext gained one): then the dataclass is called."""
-    if {f.name for f in dataclass_fields(JobContext)} != set(_CONTEXT_FIELDS):
+def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """The slot setter of each field of the slotted dataclass ``cls`` in ``names``, to build
+    instances without its ``__init__``; None when its fields are not exactly ``names`` (a
+    Django that added one): the caller then calls the dataclass."""
+    if {f.name for f in dataclass_fields(cls)} != set(names):
         return None
-    return tuple(getattr(JobContext, name).__set__ for name in _CONTEXT_FIELDS)
+    return tuple(getattr(cls, name).__set__ for name in names)
 
 
-_SETTERS = _context_setters()
+_SETTERS = slot_setters(JobContext, _CONTEXT_FIELDS)
 
 
 def running_context(

@@ -17,7 +17,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any, NamedTuple
@@ -31,7 +30,7 @@ from django.utils.module_loading import import_string
 from ..backend import JobsBackend, check_json, stored_run_after, task_for_job
 from ..backoff import compute_backoff
 from ..conf import get_settings
-from ..context import JobContext, running_context
+from ..context import JobContext, running_context, slot_setters
 from ..dispatch import TaskSignal
 from ..engine import ClaimedJob, Outcome
 from ..exceptions import (
@@ -186,15 +185,7 @@ _RESULT_FIELDS = (
 )  # fmt: skip
 
 
-def _result_setters() -> tuple[Any, ...] | None:
-    """The slot setter of each of :data:`_RESULT_FIELDS`, or None when TaskResult's fields are
-    not those (a Django that adds one): then the dataclass is called."""
-    if {f.name for f in dataclass_fields(TaskResult)} != set(_RESULT_FIELDS):
-        return None
-    return tuple(getattr(TaskResult, name).__set__ for name in _RESULT_FIELDS)
-
-
-_SETTERS = _result_setters()
+_SETTERS = slot_setters(TaskResult, _RESULT_FIELDS)
 
 
 def _task_result(
