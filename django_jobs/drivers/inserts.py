@@ -22,7 +22,9 @@ MANY_SHARED_PARAMS = 12  # the rest, bound once per statement
 
 
 @functools.cache
-def insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False, events: bool = False) -> str:
+def insert_sql(
+    pg: bool, notify: bool, once: bool = False, guarded: bool = False, events: bool = False, iso: bool = False
+) -> str:
     """The INSERT of one job (engine.insert_new_job), its parameters in the column order of
     engine.insert._insert_params.
 
@@ -38,13 +40,15 @@ def insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False
     start, so a job enqueued and run in one transaction has ``enqueued_at <= started_at``. The
     stored value comes back in the statement's result, no extra round trip: on PostgreSQL its
     first column (second with ``once``, after the id), elsewhere only with ``once`` (its
-    callers give the time themselves).
+    callers give the time themselves). ``iso`` (PostgreSQL, not with ``once``): as ISO 8601 text
+    (``to_json``), whatever the session's DateStyle, for the drivers' ``to_dt``.
     """
 
     def cast(t: str) -> str:
         return f"%s::{t}" if pg else "%s"
 
     enqueued = "COALESCE(%s::timestamptz, now())" if pg else "%s"
+    stored = "to_json(new_job.enqueued_at) #>> '{}'" if iso else "new_job.enqueued_at"
     values = ", ".join(
         [cast("uuid"), "%s", "%s", "%s", cast("jsonb"), cast("jsonb"), "%s", "%s", cast("timestamptz"),
          cast("jsonb"), "%s", enqueued, "0", "0", "0", "'[]'", "'[]'", "%s", "%s", "%s", "%s", "%s", "%s"]
@@ -63,7 +67,7 @@ def insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False
         # The row, its "enqueued" event and the NOTIFYs in one statement: one round trip.
         data = "jsonb_build_object('task', new_job.task_path, 'state', new_job.state)"
         selected = ["new_job.id"] if once else []
-        selected.append("new_job.enqueued_at")
+        selected.append(stored)
         if notify:
             selected.append("pg_notify(%s, new_job.queue)")
         # At most one row: the events NOTIFY goes in the select list. event_notify's join,
@@ -85,7 +89,11 @@ def insert_sql(pg: bool, notify: bool, once: bool = False, guarded: bool = False
     if notify:
         # The INSERT and its NOTIFY in one statement: enqueue is a hot path and a separate
         # SELECT pg_notify would cost a round trip. Delivered on commit, like any NOTIFY.
-        return f"WITH new_job AS ({sql} RETURNING queue, enqueued_at) SELECT enqueued_at, pg_notify(%s, queue) FROM new_job"
+        return (
+            f"WITH new_job AS ({sql} RETURNING queue, enqueued_at) SELECT {stored}, pg_notify(%s, queue) FROM new_job"
+        )
+    if iso:
+        return f"WITH new_job AS ({sql} RETURNING enqueued_at) SELECT {stored} FROM new_job"
     return f"{sql} RETURNING enqueued_at" if pg else sql
 
 
@@ -134,9 +142,9 @@ def plain_insert_sql(backend: str, notify_channel: str | None, events_channel: s
     Its parameters are :data:`PLAIN_PARAMS`, 11 (12 guarded) instead of 21: psycopg converts and
     dumps each parameter on every call, and the 9 more were 6 % of a one-job enqueue's
     instructions. What differs between tasks stays a parameter, so all of them share one
-    prepared statement."""
+    prepared statement. It returns ``enqueued_at`` as ISO text (``iso``; see drivers.pg_wire)."""
     notify, events = notify_channel is not None, events_channel is not None
-    pieces = insert_sql(True, notify=notify, guarded=guarded, events=events).split("%s")
+    pieces = insert_sql(True, notify=notify, guarded=guarded, events=events, iso=True).split("%s")
     literals = {**_PLAIN_LITERALS, 1: backend, 19: notify_channel, 20: events_channel}
     positions = list(range(19 if guarded else 18)) + ([19] if notify else []) + ([20] if events else [])
     if len(positions) != len(pieces) - 1:

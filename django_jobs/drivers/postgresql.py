@@ -19,6 +19,7 @@ from django.db.backends import utils as _db_utils
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
+from . import pg_wire
 from .base import (
     CHUNK,
     CLAIM_COLUMNS,
@@ -52,18 +53,21 @@ def _iso(column: str) -> str:
     return f"to_json({column}) #>> '{{}}'"
 
 
-@functools.lru_cache(maxsize=1024)
-def _iso_time(text: str | None, use_tz: bool) -> datetime | None:
-    """A time of a claimed job from its JSON text (ISO 8601 with the session's offset: UTC under
-    USE_TZ), as Django's loader gives it: aware in UTC, or naive in the session's time zone
-    without USE_TZ. Cached: a claim's jobs share their start time, and mostly their enqueue time
-    (datetimes are immutable)."""
+def _time_of(text: str | None, use_tz: bool) -> datetime | None:
+    """A time from its JSON text (ISO 8601 with the session's offset: UTC under USE_TZ), as
+    Django's loader gives it: aware in UTC, or naive in the session's time zone without USE_TZ."""
     if text is None:
         return None
     value = datetime.fromisoformat(text)
     if not use_tz:
         return value.replace(tzinfo=None)
     return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+#: :func:`_time_of` of a claimed job's times, cached: a claim's jobs share their start time, and
+#: mostly their enqueue time (datetimes are immutable). An enqueue's time is new each time: not
+#: cached (insert_plain_job).
+_iso_time = functools.lru_cache(maxsize=1024)(_time_of)
 
 
 def _outcomes_json(rows: list[list[Any]]) -> str:
@@ -283,17 +287,21 @@ class PostgreSQLDriver(PgTopicVerbs, Driver):
                 return self._insert_plain(cursor, sql, params)
         if observed(connection):
             return self._insert_plain(connection._prepare_cursor(raw), sql, params)
-        # Nobody watches Django's cursor here: what its wrapper would do, without building one.
+        # Nobody watches Django's cursor here: what its wrapper would do, without building one,
+        # and the statement sent through libpq under the cursor (drivers.pg_wire).
         connection.validate_thread_sharing()
         connection.validate_no_broken_transaction()
         with connection.wrap_database_errors:
-            return self._insert_plain(raw, sql, params)
+            sent = raw.send_plain(sql, params)
+            if sent is None:
+                return self._insert_plain(raw, sql, params)
+            return sent[0], _time_of(sent[1], settings.USE_TZ)
 
     @staticmethod
     def _insert_plain(cursor: Any, sql: str, params: list[Any]) -> tuple[bool, Any]:
         cursor.execute(sql, params)
-        row = cursor.fetchone()  # enqueued_at (and the NOTIFYs' voids) when the row was inserted
-        return row is not None, None if row is None else row[0]
+        row = cursor.fetchone()  # enqueued_at as ISO text (and the NOTIFYs' voids) when the row was inserted
+        return row is not None, None if row is None else _time_of(row[0], settings.USE_TZ)
 
     def insert_jobs(
         self,
@@ -612,31 +620,46 @@ def _prepared_cursor_class() -> type:
 
         refusals = (errors.InvalidSqlStatementName, errors.DuplicatePreparedStatement)
 
+        def refused(conn: Any, exc: Exception) -> None:
+            # "prepared statement ... does not exist / already exists": a pooler in transaction
+            # mode hands each transaction another server connection.
+            global _refused_by_pooler
+            _refused_by_pooler = True
+            pg_wire.forget(conn)
+            logger.warning(
+                "The database refused a prepared statement (%s); probably a connection pooler in "
+                "transaction mode. This process now sends django-jobs' statements unprepared; set "
+                "DJANGO_JOBS['PREPARED_STATEMENTS'] = False to say so from the start.",
+                exc,
+            )
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raise exc  # the transaction failed with it: the caller's to retry
+
         class PreparedCursor(psycopg.Cursor):
             def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True, **kw: Any) -> Any:
-                global _refused_by_pooler
                 conn = self.connection
                 # Django sets the threshold to None, which also ignores prepare=True; ours are
                 # prepared only for the length of this call, so Django's statements on the same
                 # connection are neither prepared nor counted by psycopg's cache.
                 threshold, conn.prepare_threshold = conn.prepare_threshold, _NEVER
                 try:
-                    return super().execute(query, params, prepare=prepare, **kw)
+                    return super().execute(query, params, prepare=prepare and not _refused_by_pooler, **kw)
                 except refusals as exc:
-                    # "prepared statement ... does not exist / already exists": a pooler in
-                    # transaction mode hands each transaction another server connection.
-                    _refused_by_pooler = True
-                    logger.warning(
-                        "The database refused a prepared statement (%s); probably a connection pooler in "
-                        "transaction mode. This process now sends django-jobs' statements unprepared; set "
-                        "DJANGO_JOBS['PREPARED_STATEMENTS'] = False to say so from the start.",
-                        exc,
-                    )
-                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        raise  # the transaction failed with it: the caller's to retry
+                    refused(conn, exc)
                     return super().execute(query, params, prepare=False, **kw)
                 finally:
                     conn.prepare_threshold = threshold
+
+            def send_plain(self, query: str, params: list[Any]) -> tuple[bool, str | None] | None:
+                """:func:`drivers.pg_wire.send_plain` on this cursor's connection; None: not
+                sent, run ``query`` on the cursor."""
+                if _refused_by_pooler:
+                    return None
+                try:
+                    return pg_wire.send_plain(self.connection, query, params)
+                except refusals as exc:
+                    refused(self.connection, exc)
+                    return None
 
         _PREPARED_CURSOR = PreparedCursor
     return _PREPARED_CURSOR
