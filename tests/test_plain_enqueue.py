@@ -273,3 +273,28 @@ def test_a_connection_shared_between_threads_gives_each_insert_a_cursor_of_its_o
     assert len(results) == 600 and len(stored) == 600
     assert Job.objects.filter(task_path=results[0].task.module_path).count() == 601, "no job inserted twice"
     assert all(r.enqueued_at == stored[uuid.UUID(r.id)] for r in results), "each result has its own row's time"
+
+
+def test_the_waiting_result_built_through_the_slots_equals_the_dataclass_s():
+    """``_waiting_result`` sets each field through its slot; the result equals the dataclass's."""
+    from django_jobs.backend import _NORMALIZED, _READY, _new_result, _waiting_result
+    from django_jobs.engine.insert import id_text
+
+    hex_id = uuid.uuid4().hex
+    assert id_text(hex_id) == str(uuid.UUID(hex_id))
+    now = timezone.now()
+    fast = _waiting_result(tasks.add, "default", id_text(hex_id), now, [1], {"b": 2}, "t" * 32)
+    token = _NORMALIZED.set(True)
+    try:
+        slow = _new_result(tasks.add, "default", id_text(hex_id), _READY, now, [1], {"b": 2}, "t" * 32)
+    finally:
+        _NORMALIZED.reset(token)
+    assert fast == slow
+    assert (fast.id, fast.enqueued_at, fast.args, fast.kwargs, fast.trace_id) == (
+        id_text(hex_id),
+        now,
+        [1],
+        {"b": 2},
+        "t" * 32,
+    )
+    assert fast.errors == [] and fast.errors is not slow.errors

@@ -13,7 +13,7 @@ import pytest
 
 from django_jobs import uuid7 as uuid7_module
 from django_jobs.models import Job
-from django_jobs.uuid7 import uuid7, uuid7_many
+from django_jobs.uuid7 import uuid7, uuid7_hex, uuid7_many
 
 
 def timestamp_ms(value: uuid.UUID) -> int:
@@ -141,3 +141,12 @@ print(len(child), len(child & parent))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["5", "0"], done.stdout + done.stderr
+
+
+def test_uuid7_hex_is_the_hex_of_the_next_uuid7_in_the_same_order():
+    values = []
+    for _ in range(2_000):
+        values += [uuid7(), uuid.UUID(uuid7_hex())]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert all(value.version == 7 and value.variant == uuid.RFC_4122 for value in values)
+    assert all(len(uuid7_hex()) == 32 for _ in range(10))

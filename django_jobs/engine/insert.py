@@ -18,9 +18,9 @@ from ..drivers import DRIVERS, Driver, driver
 from ..drivers.inserts import MANY_ROW_PARAMS, MANY_SHARED_PARAMS
 from ..models import Job
 from ..spec.newjob import NewJob
-from ..spec.tracing import trace_id_for_new_job
+from ..spec.tracing import current_trace_id, trace_id_for_new_job
 from ..states import JobState
-from ..uuid7 import uuid7, uuid7_many
+from ..uuid7 import uuid7, uuid7_hex, uuid7_many
 from .common import (
     INSERT_CHUNK,
     NewRow,
@@ -123,7 +123,7 @@ def plain_job(
 
 def insert_plain_job(
     plain: PlainJob, connection: Any, args_json: str, kwargs_json: str
-) -> tuple[uuid.UUID, datetime, str] | None:
+) -> tuple[str, datetime, str] | None:
     """Insert one waiting job of ``plain`` with these arguments (JSON the caller validated) in
     the caller's transaction on ``connection`` (``connections[plain.using]``, which the caller
     also needs): :func:`insert_new_job`'s statement (the row, its ``enqueued`` event, the
@@ -131,7 +131,7 @@ def insert_plain_job(
     :class:`NewRow` first. Only where :func:`plain_job` made ``plain``.
 
     ``enqueue()`` of a plain job is a hot path bound by the client's Python as much as by the
-    database: this path is what that costs, and no more. Returns ``(id, enqueued_at,
+    database: this path is what that costs, and no more. Returns ``(id as text, enqueued_at,
     trace_id)``, or None when the queue has a size limit: nothing was inserted, and the caller
     goes through :func:`insert_new_job`, which admits the job under the queue's lock.
     """
@@ -141,12 +141,14 @@ def insert_plain_job(
         return None
     d = DRIVERS[connection.vendor](plain.using, connection)
     now = timezone.now()
-    job_id = uuid7()
-    trace_id = trace_id_for_new_job(plain.trace_id, own=job_id)
+    # The id as 32 hex digits, made once: the id's parameter (PostgreSQL's uuid input takes
+    # them), the trace id of a job enqueued alone (trace_id_for_new_job's), and the id's text.
+    hex_id = uuid7_hex()
+    trace_id = plain.trace_id or current_trace_id() or hex_id
     wake = _first_notify_in_transaction(connection, queue)
     # drivers.inserts.PLAIN_PARAMS; enqueued_at is the database clock.
     params = [
-        job_id, queue, plain.task_path, args_json, kwargs_json, plain.priority, now, plain.options_json,
+        hex_id, queue, plain.task_path, args_json, kwargs_json, plain.priority, now, plain.options_json,
         plain.max_attempts, ready_seq(now, plain.lifo), trace_id,
     ]  # fmt: skip
     guarded = limited is None
@@ -163,7 +165,12 @@ def insert_plain_job(
         if wake and connection.in_atomic_block and not connection.savepoint_ids:
             _sent_in_transaction(connection).discard(queue)  # that NOTIFY went with no row
         return None
-    return job_id, d.to_dt(stored), trace_id
+    return id_text(hex_id), d.to_dt(stored), trace_id
+
+
+def id_text(hex_id: str) -> str:
+    """``str(uuid.UUID(hex_id))`` of 32 lower-case hex digits, without making the UUID."""
+    return f"{hex_id[:8]}-{hex_id[8:12]}-{hex_id[12:16]}-{hex_id[16:20]}-{hex_id[20:]}"
 
 
 def _new_job(job: NewJob, **row: Any) -> Job:
