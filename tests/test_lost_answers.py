@@ -12,6 +12,7 @@ test rather than letting it pass on nothing.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -173,6 +174,56 @@ def test_the_fault_proxy_forwards_queries_and_loses_the_answer_of_a_committed_st
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP TABLE faultproxy_selftest")
+
+
+# -- enqueue --------------------------------------------------------------------------------------
+
+ENQUEUE_SCRIPT = """
+import json
+import django
+django.setup()
+from django.db import OperationalError, connection
+from django_jobs.drivers import pg_wire
+from tests import tasks
+
+sent = []
+original = pg_wire.send_plain
+def recording(*args):
+    try:
+        answer = original(*args)
+    except Exception as exc:
+        sent.append(type(exc).__name__)
+        raise
+    sent.append(answer is not None)
+    return answer
+pg_wire.send_plain = recording
+
+ids = [tasks.noop.enqueue().id]
+try:
+    tasks.noop.enqueue()
+    lost = "nothing raised"
+except OperationalError as exc:
+    lost = type(exc).__module__ + "." + type(exc).__name__
+connection.close()
+ids.append(tasks.noop.enqueue().id)
+print(json.dumps({"ids": ids, "lost": lost, "sent": sent}))
+"""
+
+
+def test_an_enqueue_whose_answer_is_lost_raises_django_s_error_and_its_job_exists_once(fault_proxy):
+    """A one-job enqueue in autocommit goes through libpq (drivers.pg_wire): the server commits
+    it and the answer never comes. The caller gets Django's OperationalError, the job is there
+    once (nothing sent it again), and the next enqueue, on a new connection, prepares anew."""
+    trap = fault_proxy.arm(b"INSERT INTO django_jobs_job", skip=1)
+    done = run_python("-c", ENQUEUE_SCRIPT, env=fault_proxy.env(), timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert trap.fired == 1 and not fired(fault_proxy, trap).error_seen
+    assert out["lost"] == "django.db.utils.OperationalError"
+    assert out["sent"] == [True, "OperationalError", True]
+    rows = Counter(str(job_id) for job_id in Job.objects.values_list("id", flat=True))
+    assert len(rows) == 3 and set(rows.values()) == {1}, rows
+    assert set(out["ids"]) < set(rows)
 
 
 # -- claim ---------------------------------------------------------------------------------------
