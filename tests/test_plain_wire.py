@@ -99,7 +99,7 @@ def test_a_statement_gone_twice_in_a_row_is_a_pooler_and_the_cursor_sends_it_unp
     """A pooler in transaction mode: a statement prepared on one server connection is unknown on
     the next. The enqueue still inserts its job once, unprepared, and this process stops preparing."""
     monkeypatch.setattr(postgresql, "_refused_by_pooler", False)
-    monkeypatch.setattr(pg_wire, "_prepared", lambda conn, sql, again: b"_django_jobs_never_prepared")
+    monkeypatch.setattr(pg_wire, "_prepared", lambda conn, sql, kinds, again: b"_django_jobs_never_prepared")
     with caplog.at_level(logging.WARNING, logger="django_jobs.db"):
         result = tasks.noop.enqueue()
     assert wire == ["raised"]  # and the cursor sent it
