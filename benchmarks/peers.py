@@ -1081,7 +1081,9 @@ How each figure is taken (the system's tables are emptied before every measureme
   tables after a `CHECKPOINT`), the two systems alternating round by round; the rate is all
   the jobs over all the rounds' time.
   The **raw loop** is psycopg alone, `INSERT` + commit of one row of a 9-column job-like table
-  with one partial index: what one commit costs on this disk.
+  with one partial index: what one commit costs on this disk. It runs a round of the same size
+  in every round, between the two systems, and its rate is taken as theirs (all its rows over
+  all its rounds' time), so the shares compare the same minutes.
 - **bulk enqueue**: {sizes.bulk:,} jobs in one transaction, timed to the end of the commit:
   `noop.enqueue_many(...)` in `transaction.atomic()`; pgqueuer's list form of `Queries.enqueue`
   (one statement). Each repeat times {sizes.bulk_calls} such calls per system, the two systems
@@ -1220,16 +1222,20 @@ def main() -> None:
             rows["enqueue"].load.append(os.getloadavg()[0])
             each = sizes.enqueue // sizes.enqueue_rounds
             seconds = {system.key: 0.0 for system in systems}
+            raw_seconds = 0.0
             for i in range(sizes.enqueue_rounds):
-                for system in order if i % 2 == 0 else order[::-1]:
+                # The raw loop takes its turn in every round, between the two systems, so each
+                # share compares moments of the same minute (the commit's speed drifts).
+                for turn, system in enumerate(order if i % 2 == 0 else order[::-1]):
                     checkpoint()
                     seconds[system.key] += each / system.enqueue(each)
+                    if turn == 0:
+                        checkpoint()
+                        raw_seconds += each / raw_enqueue(each)
             for system in order:
                 put("enqueue", system, each * sizes.enqueue_rounds / seconds[system.key])
                 say(f"  {system.name}: enqueue {getattr(rows['enqueue'], system.key)[-1]:,.0f}/s")
-        if wanted("enqueue"):
-            checkpoint()
-            raw = raw_enqueue(sizes.enqueue)
+            raw = each * sizes.enqueue_rounds / raw_seconds
             rows["raw"].dj.append(raw)  # one ceiling for both: the same disk, the same commit
             rows["raw"].pgq.append(raw)
             rows["raw_share"].dj.append(rows["enqueue"].dj[-1] / raw)
