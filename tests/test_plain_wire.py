@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -130,6 +131,27 @@ def test_a_parameter_of_a_type_it_does_not_know_leaves_the_statement_to_the_curs
     assert pg_wire.send_plain(raw, "SELECT %s::text", [True]) is None
     assert pg_wire.send_plain(raw, "SELECT %s::text", [1.5]) is None
     assert pg_wire.send_plain(raw, "SELECT %s::text", ["ok"]) == (True, "ok")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "value",
+    [datetime(2026, 6, 1, 12, 0, 0, 250_000), datetime(2026, 6, 1, 12, 0, tzinfo=timezone(timedelta(hours=-5)))],
+    ids=["naive", "aware"],
+)
+def test_a_time_reaches_the_server_as_psycopg_sends_it_whatever_the_session_zone(value):
+    """A naive time is read in the session's zone, an aware one at its offset, as psycopg's
+    dumpers have them."""
+    connection.ensure_connection()
+    raw = connection.connection
+    sql = "SELECT to_json(%s::timestamptz) #>> '{}'"
+    try:
+        raw.execute("SET TIME ZONE 'Europe/Paris'")
+        wire = pg_wire.send_plain(raw, sql, [value])
+        cursor = raw.execute(sql, [value]).fetchone()[0]
+    finally:
+        raw.execute("SET TIME ZONE 'UTC'")
+    assert wire == (True, cursor)
 
 
 def test_placeholders_become_numbered_and_doubled_percent_signs_single():

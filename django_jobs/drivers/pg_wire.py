@@ -5,9 +5,9 @@ psycopg's cursor: the statement prepared once per connection under a name of our
 Why: a one-job enqueue waits for its commit, so every microsecond of the client's Python is one
 more of the round trip. psycopg's cursor adapts each parameter through its dumpers, keeps a
 prepared-statement cache and builds a result set; for this one statement of known parameter
-types that was 25-38 µs of the client's CPU per enqueue (on this machine, measured side by side:
-libpq directly 25-50 µs of user CPU per call against 62-75 through the cursor), about 7 % of a
-one-job enqueue's time (docs/benchmarks.md).
+types, libpq directly took 25-50 µs of user CPU per call against 62-75 through the cursor. A
+whole ``enqueue()`` spends 6-22 µs less of the client's CPU this way, 1.5-7 % of its time
+(alternating pairs; docs/benchmarks.md).
 
 What stays psycopg's: the connection, its lock, its wait loop (so Ctrl-C cancels the statement
 as psycopg's own execute does) and its error classes, raised from the server's answer exactly as
