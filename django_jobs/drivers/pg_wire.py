@@ -19,17 +19,12 @@ UTF-8, a connection in pipeline mode. Imports psycopg only when called.
 from __future__ import annotations
 
 import functools
-import uuid
 from datetime import datetime
 from typing import Any
 
 
 def _int_text(value: int) -> bytes:
     return str(value).encode()
-
-
-def _uuid_text(value: uuid.UUID) -> bytes:
-    return value.hex.encode()  # 32 hex digits: PostgreSQL's uuid input takes them
 
 
 def _datetime_text(value: datetime) -> bytes:
@@ -39,13 +34,14 @@ def _datetime_text(value: datetime) -> bytes:
 
 #: The text of each parameter type the plain insert passes, by exact type (a subclass, a bool,
 #: anything else: the cursor sends the statement).
-_TEXT = {str: str.encode, int: _int_text, uuid.UUID: _uuid_text, datetime: _datetime_text}
+_TEXT = {str: str.encode, int: _int_text, datetime: _datetime_text}
 #: The type each is prepared with, as psycopg's dumpers declare them (text: 0, the server infers
-#: it). Left to the server, an integer for a column of a domain type (``priority``,
-#: ``max_attempts``) is a parameter of that domain, whose input function looks the domain's
-#: CHECK up again at every Bind: 10 µs of the server's CPU per enqueue. As ``int8`` it is cast
-#: in the plan, which checks the domain with the CHECK compiled once.
-_OID = {str: 0, int: 20, uuid.UUID: 2950, datetime: 1184}
+#: it; the id goes as its 32 hex digits, cast to ``uuid`` by the statement). Left to the server,
+#: an integer for a column of a domain type (``priority``, ``max_attempts``) is a parameter of
+#: that domain, whose input function looks the domain's CHECK up again at every Bind: 10 µs of
+#: the server's CPU per enqueue. As ``int8`` it is cast in the plan, which checks the domain with
+#: the CHECK compiled once.
+_OID = {str: 0, int: 20, datetime: 1184}
 
 
 @functools.lru_cache(maxsize=64)

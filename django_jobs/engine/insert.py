@@ -18,7 +18,7 @@ from ..drivers import DRIVERS, Driver, driver
 from ..drivers.inserts import MANY_ROW_PARAMS, MANY_SHARED_PARAMS
 from ..models import Job
 from ..spec.newjob import NewJob
-from ..spec.tracing import current_trace_id, trace_id_for_new_job
+from ..spec.tracing import trace_id_for_new_job
 from ..states import JobState
 from ..uuid7 import uuid7, uuid7_hex, uuid7_many
 from .common import (
@@ -142,9 +142,9 @@ def insert_plain_job(
     d = DRIVERS[connection.vendor](plain.using, connection)
     now = timezone.now()
     # The id as 32 hex digits, made once: the id's parameter (PostgreSQL's uuid input takes
-    # them), the trace id of a job enqueued alone (trace_id_for_new_job's), and the id's text.
+    # them), the trace id of a job enqueued alone, and the id's text.
     hex_id = uuid7_hex()
-    trace_id = plain.trace_id or current_trace_id() or hex_id
+    trace_id = trace_id_for_new_job(plain.trace_id, own=hex_id)
     wake = _first_notify_in_transaction(connection, queue)
     # drivers.inserts.PLAIN_PARAMS; enqueued_at is the database clock.
     params = [

@@ -51,9 +51,13 @@ def new_trace_id() -> str:
 
 def trace_id_for_new_job(explicit: str | None = None, own: Any = None) -> str:
     """The trace id a job enqueued now gets: ``explicit``, else the running job's, else a new one:
-    ``own.hex`` when the caller gives the job's own id (a UUIDv7, as new as a new trace id, and
-    one random draw less), else a fresh UUIDv7's."""
-    return explicit or _current.get() or (own.hex if own is not None else new_trace_id())
+    the job's own id when the caller gives it (a UUIDv7, or its 32 hex digits: as new as a new
+    trace id, and one random draw less), else a fresh UUIDv7's."""
+    if explicit or (explicit := _current.get()):
+        return explicit
+    if own is None:
+        return new_trace_id()
+    return own if isinstance(own, str) else own.hex
 
 
 @contextmanager
