@@ -19,7 +19,13 @@ Variants, each on a database of its own (``bench_insert_<schema>``, re-created a
 * ``events join``: the events NOTIFY as a join (``event_notify``), as before the select list;
 * ``no events NOTIFY``, ``no event row``: what those two cost (the event log's contracts: not
   options, a yardstick);
-* ``raw INSERT``: one row of a 9-column table with its primary key, the floor.
+* ``no feature indexes``: the schema without the job table's indexes a plain job makes no entry
+  in (flows, delays, partitions, retention, dedup and schedules: opened, their predicates
+  checked, at every insert); ``primary key only``: without the ready and trace indexes too;
+  ``row alone``: that schema, and the statement without its event and NOTIFYs. What the
+  features and the claim's indexes cost a plain insert: a yardstick, not an option;
+* ``raw INSERT``: ``benchmarks/peers.py``'s raw loop, one row of a 9-column job-like table with a
+  random UUID key and a partial ready index: the Goal's yardstick.
 
     .venv/bin/python benchmarks/enqueue_server_cpu.py --rounds 40
 
@@ -41,7 +47,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SCHEMAS = {"head": None, "fk": "0019_checks_as_domains", "checks": "0018_unfinished_parts"}
+SCHEMAS = {
+    "head": None,
+    "fk": "0019_checks_as_domains",
+    "checks": "0018_unfinished_parts",
+    "plainidx": "drop:features",
+    "pkonly": "drop:all",
+}
+#: The job table's indexes a plain job enters besides its primary key.
+ENTERED = ("django_jobs_ready_idx", "django_jobs_ready_queue_idx", "django_jobs_trace_idx")
 RAW_TABLE = "bench_insert_raw"
 
 
@@ -57,7 +71,9 @@ def conninfo(db: str) -> str:
 
 
 def prepare(schema: str, target: str | None) -> None:
-    """A fresh database migrated to the head, then back to ``target`` when given."""
+    """A fresh database migrated to the head, then back to ``target`` when given (a migration's
+    name), or without the job table's secondary indexes (``drop:all``) or those a plain job makes
+    no entry in (``drop:features``)."""
     import psycopg
 
     db = database(schema)
@@ -67,7 +83,19 @@ def prepare(schema: str, target: str | None) -> None:
     env = {**os.environ, "JOBS_BENCH_DB": db, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", "PYTHONPATH": str(ROOT)}
     manage = [sys.executable, "-m", "django", "migrate", "-v0"]
     subprocess.run(manage, env=env, check=True, cwd=ROOT)
-    if target:
+    if target and target.startswith("drop:"):
+        with psycopg.connect(conninfo(db), autocommit=True) as conn:
+            names = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = 'django_jobs_job' AND indexname <> "
+                    "'django_jobs_job_pkey'"
+                )
+            ]
+            for name in names:
+                if target == "drop:all" or name not in ENTERED:
+                    conn.execute(f"DROP INDEX {name}")
+    elif target:
         subprocess.run([*manage, "django_jobs", target], env=env, check=True, cwd=ROOT)
 
 
@@ -81,7 +109,11 @@ def statements() -> dict[str, tuple[str, str | None]]:
     if not shipped.endswith(tail):
         raise SystemExit("plain_insert_sql's statement changed: update this benchmark's variants")
     joined = shipped[: -len(tail)] + f" FROM new_job, {event_notify('new_job')}".replace("%s", "E'django_jobs_events'")
-    event = shipped[shipped.index(", ev AS (") : shipped.index(" SELECT new_job.enqueued_at")]
+    event = shipped[shipped.index(", ev AS (") : shipped.rindex(" SELECT ")]
+    wake = ", pg_notify(E'django_jobs', new_job.queue)"
+    if wake not in shipped:
+        raise SystemExit("plain_insert_sql's statement changed: update this benchmark's variants")
+    row_alone = shipped[: -len(tail)].replace(event, "").replace(wake, "") + " FROM new_job"
     return {
         "shipped": ("head", shipped),
         "size-limit probe": ("head", plain_insert_sql("default", "django_jobs", "django_jobs_events", True)),
@@ -90,6 +122,9 @@ def statements() -> dict[str, tuple[str, str | None]]:
         "events join": ("head", joined),
         "no events NOTIFY": ("head", shipped[: -len(tail)] + " FROM new_job"),
         "no event row": ("head", shipped.replace(event, "")),
+        "no feature indexes": ("plainidx", shipped),
+        "primary key only": ("pkonly", shipped),
+        "row alone": ("pkonly", row_alone),
         "raw INSERT": ("head", None),
     }
 
@@ -104,6 +139,14 @@ def params(guarded: bool) -> list:
     return [*values, "default"] if guarded else values
 
 
+#: benchmarks/peers.py's raw loop: its table and its statement.
+RAW_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {RAW_TABLE} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), queue text NOT NULL, "
+    "task_path text NOT NULL, args jsonb NOT NULL, kwargs jsonb NOT NULL, state text NOT NULL, "
+    "priority smallint NOT NULL, enqueued_at timestamptz NOT NULL, available_at timestamptz NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {RAW_TABLE}_ready ON {RAW_TABLE} (priority DESC, available_at) "
+    "WHERE state = 'waiting'",
+)
 RAW = (
     f"INSERT INTO {RAW_TABLE} (queue, task_path, args, kwargs, state, priority, enqueued_at, available_at) "
     "VALUES (%s, %s, %s::jsonb, %s::jsonb, 'waiting', 0, now(), now())"
@@ -135,10 +178,8 @@ def main() -> None:
     for name, (schema, sql) in variants.items():
         conn = psycopg.connect(conninfo(database(schema)), autocommit=True, prepare_threshold=0)
         if sql is None:
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {RAW_TABLE} (id bigserial PRIMARY KEY, queue text, task_path text, "
-                "args jsonb, kwargs jsonb, state text, priority int, enqueued_at timestamptz, available_at timestamptz)"
-            )
+            for ddl in RAW_DDL:
+                conn.execute(ddl)
         conns[name] = conn
         pids[name] = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         cursors[name] = conn.cursor()
@@ -170,11 +211,17 @@ def main() -> None:
     with psycopg.connect(conninfo(database("head"))) as conn:
         autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
     print(f"{opts.rounds} rounds of {opts.block} calls per variant, interleaved; autovacuum {autovacuum}")
-    print(f"{'variant':<20} {'server CPU/call':>16} {'wall/call':>10}")
+    base_ns, base_wall, base_n = totals["shipped"]
+    print(f"{'variant':<20} {'server CPU/call':>16} {'wall/call':>10} {'vs shipped (CPU / wall)':>24}")
     for name, (ns, wall, n) in totals.items():
-        print(f"{name:<20} {ns / n / 1000:>13.1f} us {wall / n * 1e6:>7.1f} us")
+        cpu, per_call = ns / n / 1000, wall / n * 1e6
+        diff = f"{cpu - base_ns / base_n / 1000:+.1f} / {per_call - base_wall / base_n * 1e6:+.1f} us"
+        print(f"{name:<20} {cpu:>13.1f} us {per_call:>7.1f} us {diff:>24}")
     for conn in conns.values():
         conn.close()
+    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
+        for schema in SCHEMAS:
+            admin.execute(f"DROP DATABASE IF EXISTS {database(schema)}")
 
 
 if __name__ == "__main__":
