@@ -50,6 +50,38 @@ def test_short_jobs_are_claimed_several_per_thread_and_run_one_per_thread(thread
     assert Job.objects.filter(id__in=ids, state="completed", attempts=1).count() == 60
 
 
+def test_long_jobs_are_claimed_in_halves_and_still_fill_every_slot(thread_worker, probe):
+    # Jobs of 0.3 s run long (producer.SHORT_JOB): each claim takes half of the free slots, at
+    # least LONG_CLAIM, the next at once. One claim of all 24 slots would start the jobs together,
+    # and they would end together and wait together for the next claim.
+    ids = [tasks.sleep_then_mark.enqueue(probe, f"k{i}", 0.3).id for i in range(48)]
+
+    stats = thread_worker(concurrency=24, prefetch=4, stop_when_empty=True).join(timeout=60)
+
+    assert stats.completed == 48
+    sizes = claim_sizes(ids)
+    assert sum(sizes) == 48
+    assert max(sizes) <= 12, f"a claim took more than half of the 24 free slots: {sizes}"
+    assert len(sizes) >= 4, f"fewer claims than halving makes: {sizes}"
+    # The smaller claims follow each other at once: all 24 threads ran jobs together.
+    assert running_at_once(read_records(probe)) == 24
+    assert Job.objects.filter(id__in=ids, state="completed", attempts=1).count() == 48
+
+
+def test_async_jobs_count_towards_the_run_average_and_long_ones_are_claimed_in_halves(thread_worker):
+    # async_add awaits 10 ms on the event loop: long. Its runs count towards the average the
+    # producer judges short and long jobs by, as an executor thread's do.
+    ids = [tasks.async_add.enqueue(i, 1).id for i in range(48)]
+
+    w = thread_worker(concurrency=24, stop_when_empty=True)
+    stats = w.join(timeout=60)
+
+    assert stats.completed == 48
+    sizes = claim_sizes(ids)
+    assert max(sizes) <= 12, f"a claim took more than half of the 24 free slots: {sizes}"
+    assert w.worker._producer._run_avg >= 0.01
+
+
 def test_prefetch_1_claims_only_for_free_threads(thread_worker, probe):
     ids = [tasks.mark.enqueue(probe, f"k{i}").id for i in range(20)]
 

@@ -361,6 +361,8 @@ class Worker:
         freed its slot already)."""
         if outcome is None:
             return
+        if attempt.started is not None:
+            self._producer.ran(time.monotonic() - attempt.started)
         self._attempts.discard(attempt)
         self._producer.finish(with_runtime(attempt, outcome))
 
