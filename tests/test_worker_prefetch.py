@@ -36,36 +36,38 @@ def running_at_once(records: list[dict]) -> int:
     return peak
 
 
-def test_short_jobs_are_claimed_several_per_thread_and_run_one_per_thread(thread_worker, probe):
-    ids = [tasks.sleep_then_mark.enqueue(probe, f"k{i}", 0.0).id for i in range(60)]
+def drain_sleepers(thread_worker, probe, n: int, seconds: float, **options) -> tuple[list[int], list[dict]]:
+    """Run ``n`` jobs sleeping ``seconds`` each with a worker of ``options`` until the queue is
+    empty; each completes once. Returns the claim sizes and the jobs' start and end records."""
+    ids = [tasks.sleep_then_mark.enqueue(probe, f"k{i}", seconds).id for i in range(n)]
 
-    stats = thread_worker(concurrency=2, prefetch=4, stop_when_empty=True).join(timeout=60)
+    stats = thread_worker(stop_when_empty=True, **options).join(timeout=60)
 
-    assert stats.completed == 60
+    assert stats.completed == n
     sizes = claim_sizes(ids)
-    assert sum(sizes) == 60
+    assert sum(sizes) == n
+    assert Job.objects.filter(id__in=ids, state="completed", attempts=1).count() == n
+    return sizes, read_records(probe)
+
+
+def test_short_jobs_are_claimed_several_per_thread_and_run_one_per_thread(thread_worker, probe):
+    sizes, records = drain_sleepers(thread_worker, probe, 60, 0.0, concurrency=2, prefetch=4)
+
     assert max(sizes) > 2, f"never claimed beyond the 2 threads: {sizes}"
     assert max(sizes) <= 8, f"claimed more than concurrency x prefetch: {sizes}"
-    assert running_at_once(read_records(probe)) <= 2
-    assert Job.objects.filter(id__in=ids, state="completed", attempts=1).count() == 60
+    assert running_at_once(records) <= 2
 
 
 def test_long_jobs_are_claimed_in_halves_and_still_fill_every_slot(thread_worker, probe):
     # Jobs of 0.3 s run long (producer.SHORT_JOB): each claim takes half of the free slots, at
     # least LONG_CLAIM, the next at once. One claim of all 24 slots would start the jobs together,
     # and they would end together and wait together for the next claim.
-    ids = [tasks.sleep_then_mark.enqueue(probe, f"k{i}", 0.3).id for i in range(48)]
+    sizes, records = drain_sleepers(thread_worker, probe, 48, 0.3, concurrency=24, prefetch=4)
 
-    stats = thread_worker(concurrency=24, prefetch=4, stop_when_empty=True).join(timeout=60)
-
-    assert stats.completed == 48
-    sizes = claim_sizes(ids)
-    assert sum(sizes) == 48
     assert max(sizes) <= 12, f"a claim took more than half of the 24 free slots: {sizes}"
     assert len(sizes) >= 4, f"fewer claims than halving makes: {sizes}"
     # The smaller claims follow each other at once: all 24 threads ran jobs together.
-    assert running_at_once(read_records(probe)) == 24
-    assert Job.objects.filter(id__in=ids, state="completed", attempts=1).count() == 48
+    assert running_at_once(records) == 24
 
 
 def test_async_jobs_count_towards_the_run_average_and_long_ones_are_claimed_in_halves(thread_worker):
