@@ -4,7 +4,6 @@ transaction; workers poll. WAL and a busy timeout are set on each connection."""
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -65,6 +64,8 @@ class SQLiteDriver(Driver):
 
 
 def version() -> tuple[int, ...]:
+    import sqlite3  # here: a project on another database need not load it (1 MiB)
+
     return sqlite3.sqlite_version_info
 
 
