@@ -78,7 +78,6 @@ def test_the_views_and_runworker_load_prometheus_client_only_when_metrics_are_us
     assert loaded == [False, True]
 
 
-
 def test_croniter_and_sqlite3_load_only_when_used():
     """A project without cron schedules holds no croniter (and dateutil) in its processes, and
     one on another database no sqlite3: 3.5 MiB of every worker's memory."""
@@ -97,6 +96,7 @@ def test_croniter_and_sqlite3_load_only_when_used():
         """
     )
     assert loaded == [[], ["croniter", "sqlite3"]]
+
 
 def test_the_backend_reports_e001_when_the_app_is_not_installed():
     """Django imports the backend from TASKS and runs its checks whether or not django_jobs is an
