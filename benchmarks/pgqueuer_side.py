@@ -6,6 +6,9 @@ Each subcommand does one thing against the database named by ``--db`` on the ser
 
 * ``install``: pgqueuer's schema (its ``Queries.install``), unless it is there already;
 * ``enqueue N``: ``N`` single enqueues, one job (and one transaction) each, after ``--warmup``;
+* ``serve``: single enqueues in blocks on demand (``benchmarks/enqueue_share.py``): prints
+  ``ready`` after a warm-up, then for each number ``N`` read from stdin runs ``N`` enqueues and
+  prints ``[wall, client CPU, backend CPU]`` in seconds as a JSON line, until stdin closes;
 * ``bulk N``: one batch enqueue of ``N`` jobs (one statement, one transaction), after a warm-up,
   on emptied tables (``--checkpoint``: after a CHECKPOINT);
 * ``prefill N``: ``N`` waiting jobs in batches of 10,000 (set-up, not timed);
@@ -67,6 +70,26 @@ async def enqueue(opts: argparse.Namespace) -> dict:
     for _ in range(opts.n):
         await q.enqueue("noop", None)
     return {"rate": opts.n / (time.perf_counter() - t0)}
+
+
+async def serve(opts: argparse.Namespace) -> None:
+    conn = await connect(opts.db)
+    q = Queries(AsyncpgDriver(conn))
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+    for _ in range(200):
+        await q.enqueue("noop", None)
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        with open(f"/proc/{pid}/schedstat") as f:
+            server0 = int(f.read().split()[0])
+        client0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(int(line)):
+            await q.enqueue("noop", None)
+        wall, client = time.perf_counter() - t0, time.process_time() - client0
+        with open(f"/proc/{pid}/schedstat") as f:
+            server = int(f.read().split()[0]) - server0
+        print(json.dumps([wall, client, server / 1e9]), flush=True)
 
 
 async def bulk(opts: argparse.Namespace) -> dict:
@@ -147,6 +170,7 @@ def main() -> None:
     p = sub.add_parser("enqueue")
     p.add_argument("n", type=int)
     p.add_argument("--warmup", type=int, default=50, help="enqueues before the timed ones")
+    sub.add_parser("serve")
     p = sub.add_parser("bulk")
     p.add_argument("n", type=int)
     p.add_argument("--checkpoint", action="store_true", help="a CHECKPOINT before each call")
@@ -166,12 +190,15 @@ def main() -> None:
     command = {
         "install": install,
         "enqueue": enqueue,
+        "serve": serve,
         "bulk": bulk,
         "prefill": prefill,
         "pace": pace,
         "worker": worker,
     }[opts.command]
     result = uvloop.run(command(opts))
+    if result is None:  # serve answered as it went
+        return
     print(json.dumps(result))
     sys.stdout.flush()
 
