@@ -72,6 +72,12 @@ async def enqueue(opts: argparse.Namespace) -> dict:
     return {"rate": opts.n / (time.perf_counter() - t0)}
 
 
+def cpu_ns(pid: int) -> int:
+    """The CPU time process ``pid`` has used, in nanoseconds."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
 async def serve(opts: argparse.Namespace) -> None:
     conn = await connect(opts.db)
     q = Queries(AsyncpgDriver(conn))
@@ -81,14 +87,11 @@ async def serve(opts: argparse.Namespace) -> None:
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     while line := await loop.run_in_executor(None, sys.stdin.readline):
-        with open(f"/proc/{pid}/schedstat") as f:
-            server0 = int(f.read().split()[0])
+        server0 = cpu_ns(pid)
         client0, t0 = time.process_time(), time.perf_counter()
         for _ in range(int(line)):
             await q.enqueue("noop", None)
-        wall, client = time.perf_counter() - t0, time.process_time() - client0
-        with open(f"/proc/{pid}/schedstat") as f:
-            server = int(f.read().split()[0]) - server0
+        wall, client, server = time.perf_counter() - t0, time.process_time() - client0, cpu_ns(pid) - server0
         print(json.dumps([wall, client, server / 1e9]), flush=True)
 
 
