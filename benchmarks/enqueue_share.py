@@ -53,14 +53,14 @@ from benchmarks.enqueue_server_cpu import (  # noqa: E402
     prepare,
 )
 
-#: variant: (mode, schema, events)
+#: variant: (mode, schema of its database (None: pgqueuer's own, PGQ_DB), events)
 VARIANTS = {
     "raw loop": ("raw", "head", True),
     "statement alone": ("statement", "head", True),
     "enqueue()": ("enqueue", "head", True),
     "enqueue(), EVENTS off": ("enqueue", "head", False),
     "enqueue(), EVENTS off, no feature indexes": ("enqueue", "plainidx", False),
-    "pgqueuer": ("pgqueuer", "pgqueuer", True),
+    "pgqueuer": ("pgqueuer", None, True),
 }
 PGQ_DB = "bench_share_pgqueuer"
 
@@ -124,7 +124,7 @@ def main() -> None:
     if opts.child:
         child(opts.child)
         return
-    schemas = {schema for _, schema, _ in VARIANTS.values() if schema != "pgqueuer"}
+    schemas = {schema for _, schema, _ in VARIANTS.values() if schema is not None}
     for schema in schemas:
         prepare(schema, SCHEMAS[schema])
     import psycopg
@@ -139,11 +139,11 @@ def main() -> None:
     subprocess.run([*pgq, "install"], check=True, stdout=subprocess.DEVNULL)
     procs = {}
     for name, (mode, schema, events) in VARIANTS.items():
-        env = {**os.environ, "JOBS_BENCH_DB": database(schema), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "JOBS_BENCH_DB": database(schema) if schema else PGQ_DB, "PYTHONPATH": str(ROOT)}
         if not events:
             env["JOBS_BENCH_EVENTS"] = "0"
         procs[name] = subprocess.Popen(
-            [*pgq, "serve"] if mode == "pgqueuer" else [sys.executable, __file__, "--child", mode],
+            [*pgq, "serve"] if schema is None else [sys.executable, __file__, "--child", mode],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -161,7 +161,10 @@ def main() -> None:
             proc = procs[name]
             proc.stdin.write(f"{opts.block}\n")
             proc.stdin.flush()
-            wall, client, server = json.loads(proc.stdout.readline())
+            answer = proc.stdout.readline()
+            if not answer:
+                raise SystemExit(f"the process of {name!r} ended; see its error above")
+            wall, client, server = json.loads(answer)
             total = totals[name]
             total[0] += wall
             total[1] += client
